@@ -1,0 +1,1 @@
+"""Everything that knows about transformers lives in this package."""

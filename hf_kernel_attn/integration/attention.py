@@ -1,0 +1,111 @@
+"""The attention and mask functions registered with transformers (one dispatcher for every kernel).
+
+``attention_forward`` has transformers' attention-function signature (see
+``transformers/integrations/sdpa_attention.py``): it finds the kernel attached to the calling
+attention module (``module.kernel_attn``), turns transformers' arguments into the kernel contract
+(2-D key-padding mask, causal flag, scaling) and returns ``([B, N, Hq, Dv], None)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..kernels import KERNELS, Kernel
+
+KERNEL_ATTR = "kernel_attn"
+# Written as attn_implementation into a saved config.json: without the plugin imported, transformers
+# refuses it and its error message names this string.
+SAVED_NAME = "hf_kernel_attn(import hf_kernel_attn before loading)"
+UNSUPPORTED_KWARGS = ("sliding_window", "softcap", "s_aux", "position_bias")
+
+
+def padding_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function: Any = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor | None:
+    """Registered mask function: the 2-D key-padding mask ``[B, kv_length]`` (True = real token), or
+    None without padding. Kernels apply causality themselves, so memory stays O(N)."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask[:, -kv_length:].to(torch.bool)
+    if mask.shape[1] == kv_length and bool(mask.all()):
+        return None
+    return mask
+
+
+def _key_mask(attention_mask: Any, kv_length: int) -> torch.Tensor | None:
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
+        raise ValueError(
+            f"hf_kernel_attn kernels take a 2-D key-padding mask [batch, keys]; got {shape}. "
+            "Pass a 2-D attention_mask (custom 4-D masks are not supported)."
+        )
+    mask = attention_mask[:, -kv_length:].to(torch.bool)
+    if mask.shape[1] != kv_length:
+        raise ValueError(f"attention mask covers {mask.shape[1]} keys but there are {kv_length}")
+    return mask
+
+
+def _is_causal(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
+    causal = kwargs.get("is_causal")
+    if causal is None:
+        causal = getattr(module, "is_causal", True)
+    return bool(causal)
+
+
+def _reject_packed(position_ids: Any, attention_mask: Any, n: int) -> None:
+    if attention_mask is None and isinstance(position_ids, torch.Tensor) and n > 1 and position_ids.shape[-1] > 1:
+        if bool((position_ids[..., 1:] < position_ids[..., :-1]).any()):
+            raise ValueError(
+                "packed sequences (position_ids that restart inside a row) are not supported by hf_kernel_attn "
+                "kernels; pass separate rows with an attention_mask instead"
+            )
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    kernel: Kernel | None = getattr(module, KERNEL_ATTR, None)
+    if kernel is None:
+        raise ValueError(
+            f"{type(module).__name__} has no kernel attached although the model's attn_implementation is an "
+            "hf_kernel_attn kernel; call hf_kernel_attn.patch(model, kernel=...) first"
+        )
+    for name in UNSUPPORTED_KWARGS:
+        if kwargs.get(name) is not None:
+            raise ValueError(f"hf_kernel_attn kernels do not implement {name!r} (got {kwargs[name]!r})")
+    _reject_packed(kwargs.get("position_ids"), attention_mask, query.shape[-2])
+    key_mask = _key_mask(attention_mask, key.shape[-2])
+    causal = _is_causal(module, kwargs)
+    dropout = dropout if module.training else 0.0
+    state_layer = kwargs.get("linear_state")
+    if state_layer is not None and kernel.is_linear:
+        return state_layer.attend(kernel, query, key, value, key_mask=key_mask, causal=causal, scaling=scaling), None
+    return kernel(query, key, value, key_mask=key_mask, causal=causal, scaling=scaling, dropout=dropout), None
+
+
+def register() -> None:
+    """Register every kernel name (and the saved-model marker) with both transformers interfaces."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    for name in [*KERNELS, SAVED_NAME]:
+        AttentionInterface.register(name, attention_forward)
+        AttentionMaskInterface.register(name, padding_mask)

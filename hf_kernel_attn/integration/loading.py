@@ -1,0 +1,93 @@
+"""Loading helpers: ``from_pretrained`` with a kernel choice, and GGUF -> normal checkpoint."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ..config import CONFIG_KEY, KernelAttentionConfig
+from ..kernels import kernel_class
+
+# from_pretrained kwargs that AutoConfig needs too (where to find the checkpoint)
+_CONFIG_KWARGS = ("gguf_file", "revision", "cache_dir", "token", "trust_remote_code", "local_files_only", "subfolder")
+
+
+def _auto_class(config: Any, model_class: Any) -> Any:
+    import transformers
+
+    if model_class is not None:
+        return getattr(transformers, model_class) if isinstance(model_class, str) else model_class
+    for arch in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, arch, None)
+        if cls is not None:
+            return cls
+    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return AutoModelForCausalLM if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else AutoModel
+
+
+def split_kernel_params(kernel: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Separate the kernel's options from the remaining (transformers) keyword arguments."""
+    names = {f.name for f in dataclasses.fields(kernel_class(kernel).options_cls)}
+    params = {k: v for k, v in kwargs.items() if k in names}
+    rest = {k: v for k, v in kwargs.items() if k not in names}
+    return params, rest
+
+
+def from_pretrained(
+    name_or_path: str | Path,
+    kernel: str | None = None,
+    layers: Any = None,
+    model_class: Any = None,
+    kernel_params: dict[str, Any] | None = None,
+    **kwargs: Any,
+):
+    """Load a transformers model with ``kernel`` in place of softmax attention.
+
+    ``kwargs`` that are options of ``kernel`` go to the kernel; the rest go to ``from_pretrained``
+    (``gguf_file=``, ``dtype=``, ``device_map=``, ...). The auto class comes from the checkpoint's
+    ``architectures`` unless ``model_class`` (a class or its name) is given. Without ``kernel`` a saved
+    kernel model is loaded as it was saved (``kernel_attention`` in its config)."""
+    from transformers import AutoConfig
+
+    config = kwargs.pop("config", None)
+    if config is None:
+        config = AutoConfig.from_pretrained(name_or_path, **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
+    if kernel is None:
+        if kernel_params or layers is not None:
+            raise ValueError("layers/kernel parameters given without kernel=...; name the kernel to use")
+        return _auto_class(config, model_class).from_pretrained(name_or_path, config=config, **kwargs)
+    params, hf_kwargs = split_kernel_params(kernel, kwargs)
+    params.update(kernel_params or {})
+    text = config.get_text_config()
+    num_layers = getattr(text, "num_hidden_layers", None)
+    kcfg = KernelAttentionConfig.create(kernel, layers, num_layers=num_layers, **params)
+    config = copy.deepcopy(config)
+    setattr(config, CONFIG_KEY, kcfg.to_dict())
+    return _auto_class(config, model_class).from_pretrained(
+        name_or_path, config=config, attn_implementation=kcfg.kernel, **hf_kwargs
+    )
+
+
+def convert_gguf(name_or_path: str | Path, gguf_file: str, output_dir: str | Path, model_class: Any = None) -> Path:
+    """Load a GGUF checkpoint (de-quantised by transformers) and save it as a normal checkpoint with its
+    tokenizer, so that it can be fine-tuned, patched and saved (``save_pretrained`` refuses GGUF models)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    output_dir = Path(output_dir)
+    config = AutoConfig.from_pretrained(name_or_path, gguf_file=gguf_file)
+    cls = _auto_class(config, model_class)
+    gguf_model = cls.from_pretrained(name_or_path, gguf_file=gguf_file)
+    clean = copy.deepcopy(gguf_model.config)
+    if hasattr(clean, "quantization_config"):
+        del clean.quantization_config
+    model = type(gguf_model)(clean)
+    model.load_state_dict(gguf_model.state_dict())
+    model.eval()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output_dir)
+    AutoTokenizer.from_pretrained(name_or_path, gguf_file=gguf_file).save_pretrained(output_dir)
+    return output_dir

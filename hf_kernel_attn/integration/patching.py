@@ -1,0 +1,264 @@
+"""Attach kernels to a transformers model, persist the choice in its config, and rebuild on load.
+
+Three entry points share one implementation (:func:`apply_config`):
+
+* :func:`patch` — a model already in memory;
+* ``from_pretrained(..., attn_implementation=<kernel>)`` / ``set_attn_implementation(<kernel>)`` —
+  through the hooks installed by :func:`install_hooks` on ``PreTrainedModel``;
+* loading a saved kernel model — ``post_init`` reads ``config.kernel_attention`` and attaches the
+  kernel modules before the checkpoint (which holds their parameters) is loaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import os
+import tempfile
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import CONFIG_KEY, KernelAttentionConfig
+from ..kernels import KERNELS, Kernel, LayerShape, build_kernel, kernel_class
+from .attention import KERNEL_ATTR, SAVED_NAME
+
+
+@functools.lru_cache(maxsize=None)
+def _routes_through_interface(cls: type) -> bool:
+    try:
+        src = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" in src
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """Attention modules whose forward calls transformers' AttentionInterface, in model order."""
+    return [m for m in model.modules() if not isinstance(m, Kernel) and _routes_through_interface(type(m))]
+
+
+def _text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    return get() if get is not None else config
+
+
+def layer_shape(config: Any, module: nn.Module, idx: int) -> LayerShape:
+    text = _text_config(config)
+    heads = getattr(text, "num_attention_heads", None)
+    if heads is None:
+        raise ValueError(f"cannot find num_attention_heads in {type(config).__name__}")
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = (
+        getattr(module, "head_dim", None)
+        or getattr(module, "attention_head_size", None)
+        or getattr(text, "head_dim", None)
+        or text.hidden_size // heads
+    )
+    max_pos = getattr(text, "max_position_embeddings", None) or 2048
+    return LayerShape(int(heads), int(kv_heads), int(head_dim), idx, int(max_pos))
+
+
+def _check_model(model: nn.Module, modules: list[nn.Module], kcfg: KernelAttentionConfig) -> None:
+    if not modules:
+        raise ValueError(
+            f"{type(model).__name__} does not route its attention through transformers' AttentionInterface, "
+            "so hf_kernel_attn cannot swap its kernel (supported: Llama/SmolLM2, Qwen2, Mistral, GPT-2, BERT/MiniLM, "
+            "and other models whose attention calls ALL_ATTENTION_FUNCTIONS)"
+        )
+    bad = [i for i in kcfg.layers if i >= len(modules)]
+    if bad:
+        raise ValueError(f"layer index {bad} out of range: the model has {len(modules)} attention layers")
+    text = _text_config(model.config)
+    window = getattr(text, "sliding_window", None)
+    if window is not None and getattr(text, "use_sliding_window", True):
+        raise ValueError(
+            f"{type(model).__name__} uses sliding-window attention (sliding_window={window}); hf_kernel_attn kernels "
+            "attend to the whole context. Set config.sliding_window=None to patch it anyway."
+        )
+    for i, module in enumerate(modules):
+        name = kcfg.for_layer(i).kernel
+        if getattr(module, "is_causal", False) and not kernel_class(name).supports_causal:
+            raise ValueError(
+                f"kernel {name!r} is bidirectional only and cannot run layer {i} of the causal model "
+                f"{type(model).__name__}; choose a causal kernel: "
+                f"{sorted(n for n, c in KERNELS.items() if c.supports_causal)}"
+            )
+
+
+def _attach(model: nn.Module, modules: list[nn.Module], kcfg: KernelAttentionConfig) -> None:
+    for i, module in enumerate(modules):
+        choice = kcfg.for_layer(i)
+        shape = layer_shape(model.config, module, i)
+        existing = getattr(module, KERNEL_ATTR, None)
+        options = kernel_class(choice.kernel).options_cls(**choice.params)
+        if isinstance(existing, Kernel) and (existing.name, existing.shape, existing.options) == (
+            choice.kernel, shape, options
+        ):
+            continue
+        ref = next(module.parameters(), None)
+        device = ref.device if ref is not None else torch.device("cpu")
+        with torch.device(device):
+            kernel = build_kernel(choice.kernel, shape, choice.params)
+        if ref is not None and ref.is_floating_point() and not ref.is_meta:
+            kernel.to(dtype=ref.dtype)
+        setattr(module, KERNEL_ATTR, kernel)
+
+
+def apply_config(model: nn.Module, kcfg: KernelAttentionConfig) -> nn.Module:
+    """Validate ``kcfg`` against ``model``, attach kernels, store the config, select the kernel."""
+    modules = attention_modules(model)
+    _check_model(model, modules, kcfg)
+    _attach(model, modules, kcfg)
+    setattr(model.config, CONFIG_KEY, kcfg.to_dict())
+    model.config._attn_implementation_internal = kcfg.kernel
+    return model
+
+
+def num_attention_layers(model: nn.Module) -> int:
+    return len(attention_modules(model))
+
+
+def patch(model: nn.Module, kernel: str, layers: Any = None, **params: Any) -> nn.Module:
+    """Swap the attention kernel of ``model`` in place (and return it).
+
+    ``layers``: None (all layers), a list of layer indices that run ``kernel`` (others keep softmax),
+    or a dict {index: kernel name}; negative indices count from the end. ``params`` are the
+    kernel's options (see ``hf_kernel_attn.available_kernels()``)."""
+    if not hasattr(model, "config"):
+        raise ValueError(f"patch() needs a transformers PreTrainedModel, got {type(model).__name__}")
+    kcfg = KernelAttentionConfig.create(kernel, layers, num_layers=num_attention_layers(model), **params)
+    return apply_config(model, kcfg)
+
+
+def unpatch(model: nn.Module, attn_implementation: str = "sdpa") -> nn.Module:
+    """Remove every attached kernel and the stored choice; the model runs ``attn_implementation`` again."""
+    for module in attention_modules(model):
+        if hasattr(module, KERNEL_ATTR):
+            delattr(module, KERNEL_ATTR)
+    if hasattr(model.config, CONFIG_KEY):
+        delattr(model.config, CONFIG_KEY)
+    model.config._attn_implementation_internal = attn_implementation
+    return model
+
+
+def kernel_config(model: nn.Module) -> KernelAttentionConfig | None:
+    data = getattr(model.config, CONFIG_KEY, None)
+    return KernelAttentionConfig.from_dict(data) if data else None
+
+
+def sync_from_config(model: nn.Module) -> None:
+    """Called after every PreTrainedModel.__init__: attach kernels when the config asks for them."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return
+    impl = getattr(config, "_attn_implementation_internal", None)
+    data = getattr(config, CONFIG_KEY, None)
+    if impl in KERNELS:
+        if data and data.get("kernel") == impl:
+            kcfg = KernelAttentionConfig.from_dict(data)
+        else:
+            kcfg = KernelAttentionConfig.create(impl)
+    elif data:  # a saved kernel model (its config names SAVED_NAME, or the name was dropped on save)
+        kcfg = KernelAttentionConfig.from_dict(data)
+    elif impl == SAVED_NAME:
+        raise ValueError(f"config asks for hf_kernel_attn but has no config.{CONFIG_KEY}; the checkpoint is incomplete")
+    else:
+        return
+    apply_config(model, kcfg)
+    # kernel parameters absent from a softmax checkpoint are expected: they get the kernel's own init
+    ignore = getattr(model, "_keys_to_ignore_on_load_missing", None)
+    if isinstance(ignore, set):
+        ignore.add(r"\.kernel_attn\.")
+
+
+def is_gguf_model(model: nn.Module) -> bool:
+    qc = getattr(model.config, "quantization_config", None)
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    return str(getattr(method, "value", method)).lower() == "gguf"
+
+
+def _mark_saved_config(save_directory: str | os.PathLike) -> None:
+    path = os.path.join(save_directory, "config.json")
+    with open(path) as f:
+        data = json.load(f)
+    data["attn_implementation"] = SAVED_NAME
+    fd, tmp = tempfile.mkstemp(dir=save_directory, suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+_HOOKS_INSTALLED = False
+
+
+def install_hooks() -> None:
+    """Wrap four PreTrainedModel methods (idempotent):
+
+    * ``post_init`` — attach kernels when the config names one;
+    * ``_initialize_weights`` — kernels missing from a checkpoint get their own init;
+    * ``set_attn_implementation`` — a kernel name attaches kernels;
+    * ``save_pretrained`` — GGUF models get a conversion hint; kernel models are marked in config.json so
+      that loading them without ``import hf_kernel_attn`` fails loudly instead of running softmax.
+    """
+    global _HOOKS_INSTALLED
+    if _HOOKS_INSTALLED:
+        return
+    from transformers import PreTrainedModel
+
+    orig_post_init = PreTrainedModel.post_init
+    orig_init_weights = PreTrainedModel._initialize_weights
+    orig_set_impl = PreTrainedModel.set_attn_implementation
+    orig_save = PreTrainedModel.save_pretrained
+
+    @functools.wraps(orig_post_init)
+    def post_init(self, *args, **kwargs):
+        out = orig_post_init(self, *args, **kwargs)
+        sync_from_config(self)
+        return out
+
+    @functools.wraps(orig_init_weights)
+    def _initialize_weights(self, module, *args, **kwargs):
+        if isinstance(module, Kernel):
+            tensors = list(module.parameters()) + list(module.buffers())
+            loaded = all(getattr(t, "_is_hf_initialized", False) for t in tensors)
+            if not (loaded or getattr(module, "_is_hf_initialized", False)):
+                with torch.no_grad():
+                    module.reset_parameters()
+                module._is_hf_initialized = True
+            return None
+        return orig_init_weights(self, module, *args, **kwargs)
+
+    @functools.wraps(orig_set_impl)
+    def set_attn_implementation(self, attn_implementation, *args, **kwargs):
+        if isinstance(attn_implementation, str) and attn_implementation in KERNELS:
+            data = getattr(self.config, CONFIG_KEY, None)
+            if data and data.get("kernel") == attn_implementation:
+                kcfg = KernelAttentionConfig.from_dict(data)
+            else:
+                kcfg = KernelAttentionConfig.create(attn_implementation)
+            apply_config(self, kcfg)
+            return None
+        return orig_set_impl(self, attn_implementation, *args, **kwargs)
+
+    @functools.wraps(orig_save)
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        if is_gguf_model(self):
+            raise ValueError(
+                "this model was loaded from a GGUF file and transformers cannot save it; convert it to a normal "
+                "checkpoint first with hf_kernel_attn.convert_gguf(path, gguf_file, output_dir) or "
+                "`hf-kernel-attn convert-gguf`"
+            )
+        out = orig_save(self, save_directory, *args, **kwargs)
+        if getattr(self.config, CONFIG_KEY, None) and kwargs.get("is_main_process", True):
+            _mark_saved_config(save_directory)
+        return out
+
+    PreTrainedModel.post_init = post_init
+    PreTrainedModel._initialize_weights = _initialize_weights
+    PreTrainedModel.set_attn_implementation = set_attn_implementation
+    PreTrainedModel.save_pretrained = save_pretrained
+    _HOOKS_INSTALLED = True

@@ -1,0 +1,143 @@
+"""The kernel contract shared by every attention kernel.
+
+A kernel is an ``nn.Module`` built once per attention layer. It receives
+
+* ``q`` ``[B, Hq, N, D]`` and ``k``/``v`` ``[B, Hkv, M, D]`` / ``[B, Hkv, M, Dv]`` (GQA: query head ``h``
+  reads KV head ``h // (Hq // Hkv)``; K/V are never repeated),
+* ``key_mask`` ``[B, M]`` bool (True = real token) or ``None``,
+* ``causal``: bottom-right aligned when ``N < M`` (query ``i`` sees key ``j`` iff ``j <= i + M - N``),
+* ``scaling``: the softmax scale the host model would use (usually ``D ** -0.5``),
+
+and returns ``[B, N, Hq, Dv]``. Nothing here imports transformers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+
+class KernelOptions:
+    """Base for each kernel's options dataclass: validated keyword parameters."""
+
+    def validate(self) -> None:  # overridden where a field has a constraint
+        pass
+
+
+def positive(name: str, value: float | int | None, *, allow_none: bool = True) -> None:
+    """Raise a ValueError unless ``value`` is > 0 (or None when allowed)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+
+
+def one_of(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerShape:
+    """What a kernel needs to know about the layer it is attached to."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    layer_idx: int = 0
+    max_positions: int = 2048
+
+
+def make_options(options_cls: type, kernel_name: str, params: dict[str, Any]) -> KernelOptions:
+    """Build and validate a kernel's options, naming the valid choices on unknown keys."""
+    valid = [f.name for f in dataclasses.fields(options_cls)]
+    unknown = sorted(set(params) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for kernel {kernel_name!r}; valid options: {valid or 'none'}"
+        )
+    opts = options_cls(**params)
+    opts.validate()
+    return opts
+
+
+class Kernel(nn.Module):
+    """Base class: one instance per attention layer, holding any learnable or fixed parameters."""
+
+    name: ClassVar[str]
+    options_cls: ClassVar[type] = KernelOptions
+    supports_causal: ClassVar[bool] = True
+    supports_bidirectional: ClassVar[bool] = True
+    is_linear: ClassVar[bool] = False
+    paper: ClassVar[str] = ""
+
+    def __init__(self, shape: LayerShape, options: KernelOptions) -> None:
+        super().__init__()
+        self.shape = shape
+        self.options = options
+
+    def reset_parameters(self) -> None:
+        """(Re)initialise learnable parameters and fixed buffers; deterministic per layer."""
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        key_mask: torch.Tensor | None = None,
+        causal: bool = True,
+        scaling: float | None = None,
+        dropout: float = 0.0,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def check_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:
+        if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+            raise ValueError(f"{self.name}: q, k, v must be 4-D [B, H, N, D]; got {tuple(q.shape)}, "
+                             f"{tuple(k.shape)}, {tuple(v.shape)}")
+        if q.shape[1] % k.shape[1]:
+            raise ValueError(f"{self.name}: {q.shape[1]} query heads are not a multiple of {k.shape[1]} KV heads")
+        if causal and not self.supports_causal:
+            raise ValueError(f"kernel {self.name!r} is bidirectional only and cannot run a causal (decoder) model")
+        if not causal and not self.supports_bidirectional:
+            raise ValueError(f"kernel {self.name!r} is causal only")
+
+    def extra_repr(self) -> str:
+        return f"layer={self.shape.layer_idx}, {self.options}"
+
+
+def visibility_mask(
+    key_mask: torch.Tensor | None, n: int, m: int, causal: bool, device: torch.device
+) -> torch.Tensor | None:
+    """Bool ``[B or 1, 1, N, M]`` (True = attend), or None when everything is visible.
+
+    Causality is bottom-right aligned. Rows with no visible key (pad queries under left padding)
+    are opened to every key so that they stay finite; their outputs are never used.
+    """
+    mask = None
+    if causal and not (n == 1):
+        i = torch.arange(n, device=device)[:, None]
+        j = torch.arange(m, device=device)[None, :]
+        mask = (j <= i + (m - n))[None, None]
+    if key_mask is not None:
+        km = key_mask[:, None, None, :].to(torch.bool)
+        mask = km if mask is None else mask & km
+    if mask is not None:
+        mask = mask | ~mask.any(-1, keepdim=True)
+    return mask
+
+
+def group_queries(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """``[B, Hq, N, D] -> [B, Hkv, G, N, D]`` (query head h = kv * G + g)."""
+    b, hq, n, d = q.shape
+    return q.view(b, num_kv_heads, hq // num_kv_heads, n, d)
+
+
+def ungroup_output(out: torch.Tensor) -> torch.Tensor:
+    """``[B, Hkv, G, N, Dv] -> [B, N, Hq, Dv]`` contiguous."""
+    b, hkv, g, n, dv = out.shape
+    return out.reshape(b, hkv * g, n, dv).transpose(1, 2).contiguous()

@@ -1,0 +1,65 @@
+"""Cosine-normalised attention (QKNorm; Henry et al., Findings of EMNLP 2020).
+
+w_ij = softmax_j(g_h · q̂_i·k̂_j) with q̂ = q/||q||, k̂ = k/||k|| and a learnable per-head gain g_h
+(stored as log g). Logits are bounded in [-g, g]. Init: ``gain`` if given, else g0 = log2(L² - L)
+with L = ``length``; :func:`hf_kernel_attn.calibrate` can instead set g_h to the mean s·||q||·||k||
+of the pretrained model on calibration text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import nn
+
+from .base import Kernel, KernelOptions, one_of, positive
+from .softmax import fused_attention
+
+
+@dataclasses.dataclass
+class CosineOptions(KernelOptions):
+    gain: float | None = None
+    length: int = 512
+    learnable: bool = True
+    eps: float = 1e-6
+
+    def validate(self) -> None:
+        positive("gain", self.gain)
+        positive("eps", self.eps, allow_none=False)
+        if not isinstance(self.length, int) or self.length < 2:
+            raise ValueError(f"length must be an integer >= 2, got {self.length!r}")
+        one_of("learnable", self.learnable, (True, False))
+
+
+def default_gain(length: int) -> float:
+    """QKNorm's gain init g0 = log2(L² - L)."""
+    return math.log2(length * length - length)
+
+
+class CosineKernel(Kernel):
+    name = "cosine"
+    options_cls = CosineOptions
+    paper = "Henry et al., Findings of EMNLP 2020, Query-Key Normalization for Transformers"
+
+    def __init__(self, shape, options):
+        super().__init__(shape, options)
+        self.log_gain = nn.Parameter(torch.empty(shape.num_heads), requires_grad=options.learnable)
+
+    def reset_parameters(self) -> None:
+        g0 = self.options.gain if self.options.gain is not None else default_gain(self.options.length)
+        with torch.no_grad():
+            self.log_gain.fill_(math.log(g0))
+
+    def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0):
+        self.check_inputs(q, k, v, causal)
+        if q.shape[1] != self.log_gain.numel():
+            raise ValueError(f"cosine kernel was built for {self.log_gain.numel()} heads, got {q.shape[1]}")
+        dtype = q.dtype
+        eps = self.options.eps
+        qn = q.float() / q.float().norm(dim=-1, keepdim=True).clamp_min(eps)
+        kn = k.float() / k.float().norm(dim=-1, keepdim=True).clamp_min(eps)
+        qn = qn * self.log_gain.float().exp()[None, :, None, None]
+        return fused_attention(qn.to(dtype), kn.to(dtype), v, key_mask=key_mask, causal=causal, scale=1.0,
+                               dropout=dropout)

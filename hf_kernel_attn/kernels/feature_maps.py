@@ -1,0 +1,365 @@
+"""Linear-attention kernels: feature maps φ with φ(q)·φ(k) standing in for exp(s q·k).
+
+Every kernel here evaluates the same normalised form through :mod:`.linear`; they differ only in φ
+(and DiJiang's decay). φ always runs in fp32 on RoPE-rotated q/k, once per call.
+Positions are token indices within the sequence (including any past folded into a state); only
+differences of positions enter a score, so left padding does not change real tokens' outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from . import linear
+from .base import Kernel, KernelOptions, LayerShape, group_queries, one_of, positive, ungroup_output
+
+
+@dataclasses.dataclass
+class LinearOptions(KernelOptions):
+    eps: float = 1e-6
+    chunk_size: int = linear.DEFAULT_CHUNK
+
+    def validate(self) -> None:
+        positive("eps", self.eps, allow_none=False)
+        if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size <= 0:
+            raise ValueError(f"chunk_size must be an integer > 0, got {self.chunk_size!r}")
+
+
+class LinearKernel(Kernel):
+    """out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / max(φ(q_i)ᵀ Σ_j φ(k_j), eps)."""
+
+    is_linear: ClassVar[bool] = True
+    options_cls = LinearOptions
+
+    def feature_q(self, q: torch.Tensor, pos: torch.Tensor, scaling: float) -> torch.Tensor:
+        """``[B, Hkv, G, N, D]`` fp32 -> ``[B, Hkv, G, N, F]``."""
+        return self.feature(q, pos, scaling)
+
+    def feature_k(self, k: torch.Tensor, pos: torch.Tensor, scaling: float) -> torch.Tensor:
+        """``[B, Hkv, M, D]`` fp32 -> ``[B, Hkv, M, F]``."""
+        return self.feature(k, pos, scaling)
+
+    def feature(self, x: torch.Tensor, pos: torch.Tensor, scaling: float) -> torch.Tensor:
+        raise NotImplementedError
+
+    def log_decay(self) -> torch.Tensor | None:
+        return None
+
+    def features(self, q, k, scaling, offset=0):
+        """φ(q) grouped by KV head and φ(k); query i sits at position offset + M - N + i."""
+        n, m = q.shape[-2], k.shape[-2]
+        kpos = torch.arange(offset, offset + m, device=q.device)
+        fq = self.feature_q(group_queries(q.float(), k.shape[1]), kpos[m - n:], scaling)
+        fk = self.feature_k(k.float(), kpos, scaling)
+        return fq, fk
+
+    def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0, state=None, offset=0):
+        out, _ = self.forward_with_state(q, k, v, key_mask=key_mask, causal=causal, scaling=scaling,
+                                         state=state, offset=offset)
+        return out
+
+    def forward_with_state(
+        self, q, k, v, *, key_mask=None, causal=True, scaling=None, state=None, offset=0
+    ) -> tuple[torch.Tensor, linear.LinearState | None]:
+        """Like ``forward``; with ``causal`` also returns the state after the last key (``state`` = the
+        keys before these, ``offset`` = how many there were)."""
+        self.check_inputs(q, k, v, causal)
+        scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
+        fq, fk = self.features(q, k, scaling, offset)
+        if key_mask is not None:
+            fk = fk * key_mask[:, None, :, None].to(fk.dtype)
+        decay = self.log_decay()
+        chunk = self.options.chunk_size
+        if causal:
+            prefix = k.shape[-2] - q.shape[-2]
+            if prefix > 0:
+                state = linear.accumulate(fk[:, :, :prefix], v[:, :, :prefix], state, decay)
+            num, den, state = linear.causal_chunked(
+                fq, fk[:, :, prefix:], v[:, :, prefix:], state=state, log_decay=decay, chunk_size=chunk
+            )
+        else:
+            num, den = linear.bidirectional(fq, fk, v, log_decay=decay, chunk_size=chunk)
+            state = None
+        return ungroup_output(linear.normalize(num, den, self.options.eps)).to(q.dtype), state
+
+
+def positive_elu(x: torch.Tensor) -> torch.Tensor:
+    """elu(x) + 1 written as where(x > 0, x + 1, exp(x)); exact in low precision, no inf in backward."""
+    return torch.where(x > 0, x + 1, torch.exp(x.clamp_max(0)))
+
+
+class EluKernel(LinearKernel):
+    """φ(x) = elu(x) + 1 (Katharopoulos et al., ICML 2020)."""
+
+    name = "elu"
+    paper = "Katharopoulos et al., ICML 2020, Transformers are RNNs"
+
+    def feature(self, x, pos, scaling):
+        return positive_elu(x)
+
+
+class ReluKernel(LinearKernel):
+    """φ(x) = ReLU(x) (as in cosFormer / T2R without the learned projection)."""
+
+    name = "relu"
+    paper = "Kasai et al., EMNLP 2021 (T2R); Qin et al., ICLR 2022 (cosFormer)"
+
+    def feature(self, x, pos, scaling):
+        return torch.relu(x)
+
+
+@dataclasses.dataclass
+class CosformerOptions(LinearOptions):
+    horizon: int | None = None  # M; None = the model's max_position_embeddings
+
+    def validate(self) -> None:
+        super().validate()
+        if self.horizon is not None and (isinstance(self.horizon, bool) or not isinstance(self.horizon, int)
+                                         or self.horizon <= 0):
+            raise ValueError(f"horizon must be an integer > 0, got {self.horizon!r}")
+
+
+class CosformerKernel(LinearKernel):
+    """φ(x_i) = [ReLU(x_i) sin θ_i, ReLU(x_i) cos θ_i], θ_i = (π/2) i / M, so that
+    φ(q_i)·φ(k_j) = ReLU(q_i)·ReLU(k_j) cos(π/2 (i - j)/M) (Qin et al., ICLR 2022, cosFormer).
+    M is fixed (not the current length) so prefill and decoding agree; keep contexts below M."""
+
+    name = "cosformer"
+    options_cls = CosformerOptions
+    paper = "Qin et al., ICLR 2022, cosFormer"
+
+    @property
+    def horizon(self) -> int:
+        return self.options.horizon or self.shape.max_positions
+
+    def feature(self, x, pos, scaling):
+        theta = (math.pi / 2) * pos.to(torch.float32) / self.horizon
+        r = torch.relu(x)
+        return torch.cat([r * theta.sin()[:, None], r * theta.cos()[:, None]], -1)
+
+
+@dataclasses.dataclass
+class PerformerOptions(LinearOptions):
+    num_features: int | None = None  # m; None = floor(D ln D)
+    feature_eps: float = 1e-4
+    seed: int = 0
+    redraw_interval: int | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("num_features", "redraw_interval"):
+            val = getattr(self, name)
+            if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val <= 0):
+                raise ValueError(f"{name} must be an integer > 0, got {val!r}")
+        positive("feature_eps", self.feature_eps, allow_none=False)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+
+
+def orthogonal_gaussian(m: int, d: int, generator: torch.Generator) -> torch.Tensor:
+    """m×d rows: blocks of orthonormal directions (QR of Gaussian blocks) with chi(d)-distributed
+    norms, the positive orthogonal random features of FAVOR+ (Choromanski et al., ICLR 2021)."""
+    blocks = []
+    for _ in range(math.ceil(m / d)):
+        g = torch.randn(d, d, generator=generator, dtype=torch.float64)
+        qmat, r = torch.linalg.qr(g)
+        qmat = qmat * torch.where(torch.diagonal(r) < 0, -1.0, 1.0)  # sign fix: Haar, isotropic rows
+        blocks.append(qmat.T)
+    w = torch.cat(blocks)[:m]
+    norms = torch.randn(m, d, generator=generator, dtype=torch.float64).norm(dim=1)
+    return (w * norms[:, None]).float()
+
+
+def layer_generator(seed: int, layer_idx: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + layer_idx)
+
+
+class PerformerKernel(LinearKernel):
+    """FAVOR+: φ(x) = m^-1/2 (exp(ωᵀx' - ||x'||²/2 - c) + ε) with x' = s^1/2 x, so that
+    E[φ(q)·φ(k)] ∝ exp(s q·k) (Choromanski et al., ICLR 2021, Rethinking Attention with Performers).
+
+    c is the per-row max for queries (cancels exactly) and max_l ||ω_l||²/2 for keys, a constant
+    of the layer that bounds every key feature by 1 and is the same in prefill and decoding.
+    ω is a fixed per-layer buffer drawn from ``seed`` and the layer index (saved with the model).
+    """
+
+    name = "performer"
+    options_cls = PerformerOptions
+    paper = "Choromanski et al., ICLR 2021, Rethinking Attention with Performers"
+
+    def __init__(self, shape: LayerShape, options: PerformerOptions):
+        super().__init__(shape, options)
+        d = shape.head_dim
+        m = options.num_features or int(d * math.log(d))
+        self.register_buffer("omega", torch.empty(m, d))
+        self.calls = 0
+
+    def reset_parameters(self) -> None:
+        gen = layer_generator(self.options.seed, self.shape.layer_idx)
+        with torch.no_grad():
+            self.omega.copy_(orthogonal_gaussian(self.omega.shape[0], self.omega.shape[1], gen))
+
+    def redraw(self) -> None:
+        gen = layer_generator(self.options.seed + self.calls, self.shape.layer_idx)
+        with torch.no_grad():
+            self.omega.copy_(orthogonal_gaussian(self.omega.shape[0], self.omega.shape[1], gen))
+
+    def _projection(self, x, scaling):
+        xs = x * math.sqrt(scaling)
+        proj = xs @ self.omega.float().T
+        return proj - xs.pow(2).sum(-1, keepdim=True) / 2
+
+    def feature_q(self, q, pos, scaling):
+        p = self._projection(q, scaling)
+        p = p - p.amax(-1, keepdim=True).detach()
+        return (torch.exp(p) + self.options.feature_eps) * self.omega.shape[0] ** -0.5
+
+    def feature_k(self, k, pos, scaling):
+        c = self.omega.float().pow(2).sum(-1).amax() / 2
+        p = self._projection(k, scaling) - c
+        return (torch.exp(p) + self.options.feature_eps) * self.omega.shape[0] ** -0.5
+
+    def forward_with_state(self, q, k, v, **kw):
+        interval = self.options.redraw_interval
+        if self.training and interval:
+            if self.calls % interval == 0 and self.calls > 0:
+                self.redraw()
+            self.calls += 1
+        return super().forward_with_state(q, k, v, **kw)
+
+
+@dataclasses.dataclass
+class DijiangOptions(LinearOptions):
+    seed: int = 0
+    decay: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        one_of("decay", self.decay, (True, False))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+
+
+def dct_matrix(d: int) -> torch.Tensor:
+    """Orthonormal DCT-II matrix C[f, n] = α_f cos(π (n + 1/2) f / d)."""
+    n = torch.arange(d, dtype=torch.float64)
+    c = torch.cos(math.pi * (n[None, :] + 0.5) * n[:, None] / d) * math.sqrt(2 / d)
+    c[0] /= math.sqrt(2)
+    return c.float()
+
+
+class DijiangKernel(LinearKernel):
+    """DiJiang frequency-domain kernel: φ(x) = softmax_f((s^1/2 x Cᵀ) ⊙ w) with C the DCT-II and
+    w = Φ⁻¹(u), u ~ U(0,1) fixed per layer; scores decay as γ_h^(i-j) with
+    γ_h = 1 - exp(linspace(ln 1/32, ln 1/512, Hkv)) (Chen et al., ICML 2024, DiJiang).
+    Kept normalised (Σ γ^(i-j) φq·φk v / Σ γ^(i-j) φq·φk) so it is a drop-in for softmax; the decay is
+    per KV head so that grouped query heads share one state. Bidirectional use weighs γ^|i-j|."""
+
+    name = "dijiang"
+    options_cls = DijiangOptions
+    paper = "Chen et al., ICML 2024, DiJiang: Efficient LLMs through Compact Kernelization"
+
+    def __init__(self, shape: LayerShape, options: DijiangOptions):
+        super().__init__(shape, options)
+        d = shape.head_dim
+        self.register_buffer("projection", torch.empty(d, d))
+        h = shape.num_kv_heads
+        gammas = 1 - torch.exp(torch.linspace(math.log(1 / 32), math.log(1 / 512), h, dtype=torch.float64))
+        self.gammas = gammas.tolist()
+
+    def reset_parameters(self) -> None:
+        d = self.projection.shape[0]
+        gen = layer_generator(self.options.seed, self.shape.layer_idx)
+        u = torch.rand(d, generator=gen, dtype=torch.float64)
+        w = torch.distributions.Normal(0.0, 1.0).icdf(u)
+        w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
+        with torch.no_grad():
+            self.projection.copy_(dct_matrix(d).T * w.float()[None, :])
+
+    def feature(self, x, pos, scaling):
+        return torch.softmax((x * math.sqrt(scaling)) @ self.projection.float(), dim=-1)
+
+    @property
+    def log_gamma(self) -> torch.Tensor:
+        """ln γ per KV head ``[Hkv]`` (fixed, derived from the head count)."""
+        return torch.tensor(self.gammas, device=self.projection.device).log()
+
+    def log_decay(self):
+        return self.log_gamma if self.options.decay else None
+
+
+@dataclasses.dataclass
+class HedgehogOptions(LinearOptions):
+    feature_dim: int | None = None  # per sign; None = head_dim (identity init)
+    eps: float = 1e-12
+
+    def validate(self) -> None:
+        super().validate()
+        if self.feature_dim is not None and (isinstance(self.feature_dim, bool)
+                                             or not isinstance(self.feature_dim, int) or self.feature_dim <= 0):
+            raise ValueError(f"feature_dim must be an integer > 0, got {self.feature_dim!r}")
+
+
+class HedgehogKernel(LinearKernel):
+    """Learnable per-head map φ(x) = [softmax(s^1/2 x W + b), softmax(-(s^1/2 x W + b))], one map for
+    queries (per query head) and one for keys (per KV head) (Zhang et al., ICLR 2024, Hedgehog;
+    the two-softmax form of LoLCATs). W starts as the identity (truncated or zero-padded when the
+    feature dim differs from the head dim) and b at 0; attention transfer trains them."""
+
+    name = "hedgehog"
+    options_cls = HedgehogOptions
+    paper = "Zhang et al., ICLR 2024, The Hedgehog & the Porcupine"
+
+    def __init__(self, shape: LayerShape, options: HedgehogOptions):
+        super().__init__(shape, options)
+        d = shape.head_dim
+        f = options.feature_dim or d
+        self.weight_q = nn.Parameter(torch.empty(shape.num_heads, d, f))
+        self.bias_q = nn.Parameter(torch.empty(shape.num_heads, f))
+        self.weight_k = nn.Parameter(torch.empty(shape.num_kv_heads, d, f))
+        self.bias_k = nn.Parameter(torch.empty(shape.num_kv_heads, f))
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            for w in (self.weight_q, self.weight_k):
+                w.zero_()
+                w += torch.eye(w.shape[1], w.shape[2])
+            self.bias_q.zero_()
+            self.bias_k.zero_()
+
+    @staticmethod
+    def _map(x, w, b, scaling):
+        p = (x * math.sqrt(scaling)) @ w.float() + b.float()[..., None, :]
+        return torch.cat([torch.softmax(p, -1), torch.softmax(-p, -1)], -1)
+
+    def feature_q(self, q, pos, scaling):
+        hkv, g = q.shape[1], q.shape[2]
+        w = self.weight_q.view(hkv, g, *self.weight_q.shape[1:])
+        b = self.bias_q.view(hkv, g, -1)
+        return self._map(q, w, b, scaling)
+
+    def feature_k(self, k, pos, scaling):
+        return self._map(k, self.weight_k, self.bias_k, scaling)
+
+
+class TaylorKernel(LinearKernel):
+    """Second-order Taylor map φ(x) = [1, s^1/2 x, s/√2 · u(x)] with u(x)·u(y) = (x·y)² (upper
+    triangle of xxᵀ, off-diagonal terms × √2), so φ(q)·φ(k) = 1 + t + t²/2 with t = s q·k
+    (Arora et al., ICML 2024, Based; Keles et al. 2023)."""
+
+    name = "taylor"
+    paper = "Arora et al., ICML 2024, Simple linear attention language models (Based)"
+
+    def feature(self, x, pos, scaling):
+        d = x.shape[-1]
+        i, j = torch.triu_indices(d, d, device=x.device)
+        # off-diagonal pairs appear once, so they carry √2: Σ_{i≤j} w_ij² x_i x_j y_i y_j = (x·y)²
+        weight = torch.where(i == j, 1.0, math.sqrt(2.0)).to(x.device) / math.sqrt(2.0)
+        xs = x * math.sqrt(scaling)
+        second = xs[..., i] * xs[..., j] * weight
+        return torch.cat([torch.ones_like(xs[..., :1]), xs, second], -1)

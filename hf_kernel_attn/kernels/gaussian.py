@@ -1,0 +1,105 @@
+"""Gaussian (RBF) attention: w_ij ∝ exp(-||q_i - k_j||² / (2σ²)).
+
+Row normalisation cancels exp(-||q_i||²/(2σ²)), so the normalised kernel is softmax attention with
+scale 1/σ² and a per-key bias -||k_j||²/(2σ²) (Tsai et al., EMNLP 2019, "Transformer Dissection";
+Chen et al., NeurIPS 2021, "Skyformer"). The bias is folded into one extra coordinate,
+q'' = [q, 1] / σ², k'' = [k, -||k||²/2], so the fused SDPA path needs no float mask.
+
+σ is learnable per query head: 1/σ_h² = base · exp(log_gain_h) with base = the host's softmax scale
+(σ² = 1/s, which leaves every q·k logit unchanged and only adds the key-norm penalty) or 1/sigma².
+
+``augment=True`` appends one coordinate per head, q' = [q, a], k' = [k, b_k] with a ≥ max_j ||k_j||
+and b_k = ||k||² / (a + sqrt(a² - ||k||²)); the Gaussian on (q', k') with σ² = 1/s then equals
+softmax(s q·k) exactly (see docs/kernels.md §1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from .base import Kernel, KernelOptions, one_of, positive, visibility_mask
+from .softmax import fused_attention
+
+
+@dataclasses.dataclass
+class GaussianOptions(KernelOptions):
+    sigma: float | None = None  # None: σ² = 1 / (host softmax scale)
+    learnable: bool = True
+    normalize: bool = True
+    augment: bool = False
+
+    def validate(self) -> None:
+        positive("sigma", self.sigma)
+        for flag in ("learnable", "normalize", "augment"):
+            one_of(flag, getattr(self, flag), (True, False))
+        if self.augment and not self.normalize:
+            raise ValueError("augment=True needs normalize=True (the exact softmax identity is row-normalised)")
+
+
+def augment_keys(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append a = max ||k|| (per batch and KV head) to q and b_k to k; see the module docstring."""
+    k_sq = k.float().pow(2).sum(-1, keepdim=True)  # [B, Hkv, M, 1]
+    a = k_sq.amax(dim=-2, keepdim=True).sqrt()  # [B, Hkv, 1, 1]
+    b = k_sq / (a + (a * a - k_sq).clamp_min(0).sqrt()).clamp_min(torch.finfo(torch.float32).tiny)
+    g = q.shape[1] // k.shape[1]
+    a_q = a.repeat_interleave(g, dim=1).expand(-1, -1, q.shape[-2], -1)
+    return torch.cat([q.float(), a_q], -1), torch.cat([k.float(), b], -1)
+
+
+class GaussianKernel(Kernel):
+    """Row-normalised (or raw) RBF kernel attention with a learnable per-head bandwidth."""
+
+    name = "gaussian"
+    options_cls = GaussianOptions
+    paper = "Tsai et al., EMNLP 2019 (Transformer Dissection); Chen et al., NeurIPS 2021 (Skyformer)"
+
+    def __init__(self, shape, options):
+        super().__init__(shape, options)
+        self.log_gain = nn.Parameter(torch.zeros(shape.num_heads), requires_grad=options.learnable)
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.log_gain.zero_()
+
+    def inv_sigma_sq(self, scaling: float | None, head_dim: int) -> torch.Tensor:
+        if self.options.sigma is not None:
+            base = 1.0 / self.options.sigma**2
+        else:
+            base = head_dim**-0.5 if scaling is None else scaling
+        return base * self.log_gain.float().exp()  # [Hq]
+
+    def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0):
+        self.check_inputs(q, k, v, causal)
+        if q.shape[1] != self.log_gain.numel():
+            raise ValueError(f"gaussian kernel was built for {self.log_gain.numel()} heads, got {q.shape[1]}")
+        dtype = q.dtype
+        head_dim = q.shape[-1]  # before augmentation adds a coordinate
+        if self.options.augment:
+            q, k = augment_keys(q, k)
+        inv = self.inv_sigma_sq(scaling, head_dim)[None, :, None, None]
+        if not self.options.normalize:
+            return self._unnormalized(q, k, v, key_mask, causal, inv).to(dtype)
+        # fp32 throughout: the key-norm bias is large, and a data-dependent shift to tame it in low
+        # precision would let later keys perturb earlier rows' rounding
+        kf = k.float()
+        bias = -kf.pow(2).sum(-1, keepdim=True) / 2
+        q2 = torch.cat([q.float(), torch.ones_like(q[..., :1], dtype=torch.float32)], -1) * inv
+        k2 = torch.cat([kf, bias], -1)
+        out = fused_attention(q2, k2, v.float(), key_mask=key_mask, causal=causal, scale=1.0, dropout=dropout)
+        return out.to(dtype)
+
+    def _unnormalized(self, q, k, v, key_mask, causal, inv) -> torch.Tensor:
+        """Σ_j exp(-||q_i - k_j||²/(2σ²)) v_j, no row normalisation (Skyformer's 'kernelized' form)."""
+        g = q.shape[1] // k.shape[1]
+        kf = k.float().repeat_interleave(g, 1) if g > 1 else k.float()
+        vf = v.float().repeat_interleave(g, 1) if g > 1 else v.float()
+        dist = torch.cdist(q.float(), kf).pow(2)
+        w = torch.exp(-dist * inv / 2)
+        mask = visibility_mask(key_mask, q.shape[-2], k.shape[-2], causal, q.device)
+        if mask is not None:
+            w = w * mask
+        return (w @ vf).transpose(1, 2).contiguous()
+

@@ -1,0 +1,111 @@
+"""Skyformer: Gaussian-kernel attention with a Nyström approximation, bidirectional only
+(Chen et al., NeurIPS 2021, "Skyformer: Remodel Self-Attention with Gaussian Kernel and Nyström Method").
+
+With q' = s^1/2 q, k' = s^1/2 k and X = [Q'; K'], κ(x, y) = exp(-||x - y||²/2) is PSD on X. Pick
+landmarks L ⊂ X (half among the real queries, half among the real keys, evenly spaced so that the
+result does not depend on padding), then
+
+    C = κ(Q', K') ≈ κ(Q', L) · W · κ(L, K'),   W = D^-1/2 (M')⁻¹ D^-1/2,
+    M' = D^-1/2 (κ(L, L) + ridge·I) D^-1/2,    D = rowsum(κ(L, L) + ridge·I),
+
+with (M')⁻¹ from ``newton_iters`` Newton–Schulz steps. The output is evaluated right to left in
+O(N · landmarks). ``normalize=True`` (default) divides by the approximated row sums C·1, which makes
+it a drop-in for a pretrained softmax encoder (the Gaussian row-normalised is softmax with a key-norm
+bias, see gaussian.py); ``normalize=False`` returns the paper's unnormalised C V.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from .base import Kernel, KernelOptions, one_of, positive
+
+
+@dataclasses.dataclass
+class SkyformerOptions(KernelOptions):
+    num_landmarks: int = 64
+    ridge: float = 0.1
+    newton_iters: int = 6
+    normalize: bool = True
+    eps: float = 1e-6
+
+    def validate(self) -> None:
+        for name in ("num_landmarks", "newton_iters"):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
+                raise ValueError(f"{name} must be an integer > 0, got {val!r}")
+        if self.num_landmarks < 2:
+            raise ValueError(f"num_landmarks must be >= 2, got {self.num_landmarks}")
+        positive("ridge", self.ridge, allow_none=False)
+        positive("eps", self.eps, allow_none=False)
+        one_of("normalize", self.normalize, (True, False))
+
+
+def gaussian_gram(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """exp(-||x_i - y_j||² / 2) for ``[..., N, D]`` x ``[..., M, D]``."""
+    return torch.exp(-torch.cdist(x, y).pow(2) / 2)
+
+
+def evenly_spaced(real: torch.Tensor, count: int) -> torch.Tensor:
+    """``count`` indices spread evenly over the positions where ``real`` is True."""
+    idx = real.nonzero().squeeze(-1)
+    if idx.numel() == 0:
+        idx = torch.arange(real.numel(), device=real.device)
+    pick = torch.linspace(0, idx.numel() - 1, min(count, idx.numel()), device=real.device).round().long()
+    return idx[pick]
+
+
+def newton_schulz_inverse(m: torch.Tensor, iters: int) -> torch.Tensor:
+    """Z ← ¼ Z (13I − MZ(15I − MZ(7I − MZ))), started at Mᵀ / max column sum (Nyströmformer)."""
+    eye = torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
+    z = m.transpose(-1, -2) / m.abs().sum(-2).amax(-1)[..., None, None]
+    for _ in range(iters):
+        mz = m @ z
+        z = 0.25 * z @ (13 * eye - mz @ (15 * eye - mz @ (7 * eye - mz)))
+    return z
+
+
+class SkyformerKernel(Kernel):
+    name = "skyformer"
+    options_cls = SkyformerOptions
+    supports_causal = False
+    paper = "Chen et al., NeurIPS 2021, Skyformer"
+
+    def landmark_factors(self, q: torch.Tensor, k: torch.Tensor, real: torch.Tensor):
+        """For one sequence: q, k ``[H, N, D]`` scaled; returns κ(Q, L) ``[H, N, L]``, W, κ(L, K)."""
+        half = self.options.num_landmarks // 2
+        iq = evenly_spaced(real, half)
+        ik = evenly_spaced(real, half)
+        lm = torch.cat([q[:, iq], k[:, ik]], 1)  # [H, L, D]
+        gram = gaussian_gram(lm, lm) + self.options.ridge * torch.eye(lm.shape[1], device=q.device)
+        d_inv_sqrt = gram.sum(-1).rsqrt()  # [H, L]
+        m_norm = d_inv_sqrt[..., :, None] * gram * d_inv_sqrt[..., None, :]
+        w = d_inv_sqrt[..., :, None] * newton_schulz_inverse(m_norm, self.options.newton_iters) * d_inv_sqrt[..., None, :]
+        return gaussian_gram(q, lm), w, gaussian_gram(lm, k)
+
+    def forward(self, q, k, v, *, key_mask=None, causal=False, scaling=None, dropout=0.0):
+        self.check_inputs(q, k, v, causal)
+        if q.shape[-2] != k.shape[-2]:
+            raise ValueError("skyformer needs self-attention (as many queries as keys)")
+        scale = math.sqrt(q.shape[-1] ** -0.5 if scaling is None else scaling)
+        g = q.shape[1] // k.shape[1]
+        with torch.autocast(q.device.type, enabled=False):
+            qf = q.float() * scale
+            kf = (k.float() * scale).repeat_interleave(g, 1) if g > 1 else k.float() * scale
+            vf = v.float().repeat_interleave(g, 1) if g > 1 else v.float()
+            outs = []
+            for b in range(q.shape[0]):
+                real = key_mask[b].bool() if key_mask is not None else torch.ones(k.shape[-2], dtype=torch.bool,
+                                                                                  device=q.device)
+                left, w, right = self.landmark_factors(qf[b], kf[b], real)
+                right = right * real[None, None, :]
+                num = left @ (w @ (right @ vf[b]))
+                if self.options.normalize:
+                    den = left @ (w @ right.sum(-1, keepdim=True))
+                    num = num / den.clamp_min(self.options.eps)
+                outs.append(num)
+            out = torch.stack(outs)
+        return out.transpose(1, 2).contiguous().to(q.dtype)

@@ -1,0 +1,354 @@
+"""Brute-force float64 references for every attention kernel in ``hf_kernel_attn.kernels``.
+
+Each reference is written from the paper formula (see docs/kernels.md and the kernel docstrings),
+independently of the package: it never calls a kernel's feature functions, ``linear.py`` or SDPA.
+Only learnable / random *parameters* (hedgehog weights, performer ω, dijiang projection and
+log γ, gaussian / cosine log gains) are read from the kernel module.
+
+Every reference builds the explicit N×M score (or kernel) matrix per query head in float64, with
+K/V repeated per query head explicitly (query head h reads KV head h // (Hq // Hkv)), applies the
+visibility mask (bottom-right causal, key padding), normalises, multiplies by V and returns
+``[B, N, Hq, Dv]`` float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+f64 = torch.float64
+
+
+# --------------------------------------------------------------------------------------------- shared
+
+
+def repeat_kv(x: torch.Tensor, num_q_heads: int) -> torch.Tensor:
+    """``[B, Hkv, M, D] -> [B, Hq, M, D]``, head h taking KV head h // (Hq // Hkv), built head by head."""
+    hkv = x.shape[1]
+    group = num_q_heads // hkv
+    return torch.stack([x[:, h // group] for h in range(num_q_heads)], dim=1)
+
+
+def kv_head_of(num_q_heads: int, num_kv_heads: int) -> list[int]:
+    group = num_q_heads // num_kv_heads
+    return [h // group for h in range(num_q_heads)]
+
+
+def query_positions(n: int, m: int) -> torch.Tensor:
+    """Query i sits at key position M - N + i (bottom-right alignment)."""
+    return torch.arange(m - n, m, dtype=f64)
+
+
+def key_positions(m: int) -> torch.Tensor:
+    return torch.arange(m, dtype=f64)
+
+
+def visible(batch: int, n: int, m: int, causal: bool, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """Bool ``[B, 1, N, M]``: query i (position M - N + i) may attend key j."""
+    i = torch.arange(n)[:, None]
+    j = torch.arange(m)[None, :]
+    vis = torch.ones(n, m, dtype=torch.bool)
+    if causal:
+        vis = j <= i + (m - n)
+    vis = vis[None, None].expand(batch, 1, n, m).clone()
+    if key_mask is not None:
+        vis = vis & key_mask.bool()[:, None, None, :]
+    return vis
+
+
+def real_queries(batch: int, n: int, m: int, causal: bool, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """Bool ``[B, N]``: query rows that are real tokens and see at least one key (the rows to check)."""
+    vis = visible(batch, n, m, causal, key_mask)[:, 0].any(-1)
+    if key_mask is not None:
+        vis = vis & key_mask[:, m - n:].bool()
+    return vis
+
+
+def softmax_from_logits(logits: torch.Tensor, v: torch.Tensor, vis: torch.Tensor) -> torch.Tensor:
+    """logits ``[B, Hq, N, M]``, v ``[B, Hq, M, Dv]``; softmax over visible keys; rows without any
+    visible key get 0. Returns ``[B, N, Hq, Dv]``."""
+    logits = logits.masked_fill(~vis, float("-inf"))
+    row_max = logits.amax(-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    w = torch.exp(logits - row_max) * vis
+    den = w.sum(-1, keepdim=True)
+    w = torch.where(den > 0, w / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(w))
+    return (w @ v).transpose(1, 2)
+
+
+def normalised_kernel(weights: torch.Tensor, v: torch.Tensor, vis: torch.Tensor, eps: float) -> torch.Tensor:
+    """out_i = Σ_j w_ij v_j / max(Σ_j w_ij, eps) over visible j; returns ``[B, N, Hq, Dv]``."""
+    w = weights * vis
+    return ((w @ v) / w.sum(-1, keepdim=True).clamp_min(eps)).transpose(1, 2)
+
+
+def _inputs(q, k, v):
+    hq = q.shape[1]
+    return q.to(f64), repeat_kv(k.to(f64), hq), repeat_kv(v.to(f64), hq)
+
+
+def _scale(q, scaling):
+    return q.shape[-1] ** -0.5 if scaling is None else scaling
+
+
+# ---------------------------------------------------------------------------------- softmax-like
+
+
+def softmax_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    """softmax_j(s q_i·k_j) v."""
+    s = _scale(q, scaling)
+    qd, kd, vd = _inputs(q, k, v)
+    logits = s * torch.einsum("bhnd,bhmd->bhnm", qd, kd)
+    vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
+    return softmax_from_logits(logits, vd, vis)
+
+
+def per_head_softmax_ref(q, k, v, scales, key_mask=None, causal=True):
+    """softmax_j(s_h q_i·k_j) v with a per-query-head scale ``scales`` [Hq]."""
+    qd, kd, vd = _inputs(q, k, v)
+    logits = torch.einsum("bhnd,bhmd->bhnm", qd, kd) * scales.to(f64)[None, :, None, None]
+    vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
+    return softmax_from_logits(logits, vd, vis)
+
+
+def gaussian_inv_sigma_sq(kern, head_dim, scaling):
+    """1/σ_h² = base · exp(log_gain_h), base = 1/sigma² or the softmax scale (default D^-1/2)."""
+    sigma = kern.options.sigma
+    base = 1.0 / sigma**2 if sigma is not None else (head_dim**-0.5 if scaling is None else scaling)
+    return base * kern.log_gain.detach().to(f64).exp()  # [Hq]
+
+
+def gaussian_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    """κ_ij = exp(-||q_i - k_j||² · inv_h / 2); row-normalised (normalize=True) or the raw sum."""
+    inv = gaussian_inv_sigma_sq(kern, q.shape[-1], scaling)
+    qd, kd, vd = _inputs(q, k, v)
+    diff = qd[:, :, :, None, :] - kd[:, :, None, :, :]  # [B, Hq, N, M, D]
+    dist2 = (diff * diff).sum(-1)
+    kappa = torch.exp(-dist2 * inv[None, :, None, None] / 2)
+    vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
+    if kern.options.normalize:
+        return normalised_kernel(kappa, vd, vis, eps=0.0)
+    return ((kappa * vis) @ vd).transpose(1, 2)
+
+
+def gaussian_augment_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    """The exact identity: augmented Gaussian == softmax(inv_h q·k) (inv_h = s when log_gain = 0)."""
+    inv = gaussian_inv_sigma_sq(kern, q.shape[-1], scaling)
+    return per_head_softmax_ref(q, k, v, inv, key_mask=key_mask, causal=causal)
+
+
+def cosine_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    """softmax_j(g_h cos(q_i, k_j)), g_h = exp(log_gain_h)."""
+    g = kern.log_gain.detach().to(f64).exp()
+    qd, kd, vd = _inputs(q, k, v)
+    cos = torch.einsum("bhnd,bhmd->bhnm", qd, kd) / (
+        qd.norm(dim=-1)[..., :, None] * kd.norm(dim=-1)[..., None, :]
+    )
+    logits = g[None, :, None, None] * cos
+    vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
+    return softmax_from_logits(logits, vd, vis)
+
+
+# ------------------------------------------------------------------------------------ linear kinds
+
+
+def _linear_from_scores(kern, scores, vd, vis, decay=None):
+    w = scores if decay is None else scores * decay
+    return normalised_kernel(w, vd, vis, eps=kern.options.eps)
+
+
+def elu_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    """φ(x) = elu(x) + 1 (x + 1 for x > 0, eˣ otherwise); no scale."""
+    qd, kd, vd = _inputs(q, k, v)
+
+    def phi(x):
+        return torch.where(x > 0, x + 1, torch.exp(torch.minimum(x, torch.zeros_like(x))))
+
+    scores = torch.einsum("bhnf,bhmf->bhnm", phi(qd), phi(kd))
+    vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
+    return _linear_from_scores(kern, scores, vd, vis)
+
+
+def relu_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    """φ(x) = max(x, 0); no scale."""
+    qd, kd, vd = _inputs(q, k, v)
+    scores = torch.einsum("bhnf,bhmf->bhnm", qd.clamp_min(0), kd.clamp_min(0))
+    vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
+    return _linear_from_scores(kern, scores, vd, vis)
+
+
+def cosformer_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    """score_ij = relu(q_i)·relu(k_j) · cos(π/2 · (pos_i - pos_j) / H), H = horizon or max_positions."""
+    horizon = kern.options.horizon or kern.shape.max_positions
+    n, m = q.shape[-2], k.shape[-2]
+    qd, kd, vd = _inputs(q, k, v)
+    base = torch.einsum("bhnf,bhmf->bhnm", qd.clamp_min(0), kd.clamp_min(0))
+    pi, pj = query_positions(n, m), key_positions(m)
+    cos = torch.cos(math.pi / 2 * (pi[:, None] - pj[None, :]) / horizon)
+    vis = visible(q.shape[0], n, m, causal, key_mask)
+    return _linear_from_scores(kern, base * cos, vd, vis)
+
+
+def performer_features(omega, x, scaling, feature_eps, is_query):
+    """FAVOR+ positive features from the formula: x' = s^1/2 x,
+    φ(x) = m^-1/2 (exp(ω_lᵀx' - ||x'||²/2 - c) + ε), c = row max (queries) or max_l ||ω_l||²/2 (keys)."""
+    omega = omega.to(f64)
+    m = omega.shape[0]
+    xs = x * math.sqrt(scaling)
+    proj = torch.einsum("...d,ld->...l", xs, omega) - (xs * xs).sum(-1, keepdim=True) / 2
+    if is_query:
+        c = proj.amax(-1, keepdim=True)
+    else:
+        c = max(float((omega[l] * omega[l]).sum()) for l in range(m)) / 2
+    return (torch.exp(proj - c) + feature_eps) / math.sqrt(m)
+
+
+def performer_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    s = _scale(q, scaling)
+    qd, kd, vd = _inputs(q, k, v)
+    omega = kern.omega.detach()
+    fq = performer_features(omega, qd, s, kern.options.feature_eps, True)
+    fk = performer_features(omega, kd, s, kern.options.feature_eps, False)
+    scores = torch.einsum("bhnf,bhmf->bhnm", fq, fk)
+    vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
+    return _linear_from_scores(kern, scores, vd, vis)
+
+
+def dijiang_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    """φ(x) = softmax_f((s^1/2 x) P); w_ij = γ_h^(pos_i - pos_j) (causal) or γ_h^|pos_i - pos_j|."""
+    s = _scale(q, scaling)
+    n, m, hq, hkv = q.shape[-2], k.shape[-2], q.shape[1], k.shape[1]
+    qd, kd, vd = _inputs(q, k, v)
+    proj = kern.projection.detach().to(f64)
+
+    def phi(x):
+        logits = (x * math.sqrt(s)) @ proj
+        e = torch.exp(logits - logits.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+    scores = torch.einsum("bhnf,bhmf->bhnm", phi(qd), phi(kd))
+    decay = None
+    if kern.options.decay:
+        log_gamma = kern.log_gamma.detach().to(f64)
+        gam = torch.stack([log_gamma[kvh] for kvh in kv_head_of(hq, hkv)]).exp()  # [Hq]
+        dist = (query_positions(n, m)[:, None] - key_positions(m)[None, :]).abs()  # causal keeps j <= i
+        decay = gam[:, None, None] ** dist[None]  # [Hq, N, M]
+        decay = decay[None]
+    vis = visible(q.shape[0], n, m, causal, key_mask)
+    return _linear_from_scores(kern, scores, vd, vis, decay)
+
+
+def hedgehog_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    """φ_h(x) = [softmax(p), softmax(-p)], p = s^1/2 x W_h + b_h; separate maps for q (per query head)
+    and k (per KV head)."""
+    s = _scale(q, scaling)
+    hq, hkv = q.shape[1], k.shape[1]
+    wq, bq = kern.weight_q.detach().to(f64), kern.bias_q.detach().to(f64)
+    wk, bk = kern.weight_k.detach().to(f64), kern.bias_k.detach().to(f64)
+
+    def sm(p):
+        e = torch.exp(p - p.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+    def phi(x, w, b):
+        p = (x * math.sqrt(s)) @ w + b
+        return torch.cat([sm(p), sm(-p)], -1)
+
+    qd, kd = q.to(f64), k.to(f64)
+    fq = torch.stack([phi(qd[:, h], wq[h], bq[h]) for h in range(hq)], 1)
+    fk_kv = torch.stack([phi(kd[:, h], wk[h], bk[h]) for h in range(hkv)], 1)
+    fk = repeat_kv(fk_kv, hq)
+    vd = repeat_kv(v.to(f64), hq)
+    scores = torch.einsum("bhnf,bhmf->bhnm", fq, fk)
+    vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
+    return _linear_from_scores(kern, scores, vd, vis)
+
+
+def taylor_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    """Closed form of the second-order Taylor kernel: 1 + t + t²/2, t = s q·k (no features)."""
+    s = _scale(q, scaling)
+    qd, kd, vd = _inputs(q, k, v)
+    t = s * torch.einsum("bhnd,bhmd->bhnm", qd, kd)
+    vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
+    return _linear_from_scores(kern, 1 + t + t * t / 2, vd, vis)
+
+
+# ------------------------------------------------------------------------------------- skyformer
+
+
+def evenly_spaced_positions(real: torch.Tensor, count: int) -> list[int]:
+    """``count`` indices spread evenly over the real positions: round(t · (R-1)/(count-1))-th real one."""
+    idx = [i for i in range(real.numel()) if bool(real[i])]
+    if not idx:
+        idx = list(range(real.numel()))
+    count = min(count, len(idx))
+    if count == 1:
+        return [idx[0]]
+    # round half to even, like torch.round
+    picks = [int(torch.tensor(t * (len(idx) - 1) / (count - 1), dtype=f64).round()) for t in range(count)]
+    return [idx[p] for p in picks]
+
+
+def _rbf(x, y):
+    """exp(-||x_a - y_b||²/2) by explicit differences."""
+    diff = x[:, None, :] - y[None, :, :]
+    return torch.exp(-(diff * diff).sum(-1) / 2)
+
+
+def skyformer_ref(kern, q, k, v, key_mask=None, causal=False, scaling=None):
+    """Explicit Nyström with an exact inverse: C ≈ κ(Q', L) (κ(L, L) + ridge I)⁻¹ κ(L, K'), with
+    q' = s^1/2 q, k' = s^1/2 k, landmarks L = evenly spaced real queries and keys (half each);
+    pad keys dropped; row-normalised by C·1 when normalize=True."""
+    assert not causal
+    s = _scale(q, scaling)
+    bsz, hq, n, _ = q.shape
+    qd, kd, vd = _inputs(q, k, v)
+    qd, kd = qd * math.sqrt(s), kd * math.sqrt(s)
+    half = kern.options.num_landmarks // 2
+    out = torch.zeros(bsz, n, hq, vd.shape[-1], dtype=f64)
+    for b in range(bsz):
+        real = key_mask[b].bool() if key_mask is not None else torch.ones(k.shape[-2], dtype=torch.bool)
+        pick = evenly_spaced_positions(real, half)
+        for h in range(hq):
+            lm = torch.cat([qd[b, h, pick], kd[b, h, pick]], 0)
+            gram = _rbf(lm, lm) + kern.options.ridge * torch.eye(lm.shape[0], dtype=f64)
+            c_approx = _rbf(qd[b, h], lm) @ torch.linalg.inv(gram) @ _rbf(lm, kd[b, h])  # [N, M]
+            c_approx = c_approx * real[None, :].to(f64)
+            num = c_approx @ vd[b, h]
+            if kern.options.normalize:
+                num = num / c_approx.sum(-1, keepdim=True).clamp_min(kern.options.eps)
+            out[b, :, h] = num
+    return out
+
+
+def exact_gaussian_ref(q, k, v, key_mask=None, scaling=None):
+    """Exact bidirectional row-normalised Gaussian attention with unit bandwidth on s^1/2-scaled q, k."""
+    s = _scale(q, scaling)
+    qd, kd, vd = _inputs(q, k, v)
+    diff = qd[:, :, :, None, :] - kd[:, :, None, :, :]
+    kappa = torch.exp(-s * (diff * diff).sum(-1) / 2)
+    vis = visible(q.shape[0], q.shape[-2], k.shape[-2], False, key_mask)
+    return normalised_kernel(kappa, vd, vis, eps=0.0)
+
+
+REFERENCES = {
+    "softmax": softmax_ref,
+    "gaussian": gaussian_ref,
+    "cosine": cosine_ref,
+    "elu": elu_ref,
+    "relu": relu_ref,
+    "cosformer": cosformer_ref,
+    "performer": performer_ref,
+    "dijiang": dijiang_ref,
+    "hedgehog": hedgehog_ref,
+    "taylor": taylor_ref,
+    "skyformer": skyformer_ref,
+}
+
+
+def reference(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    """Dispatch on the kernel's name (and gaussian's augment option)."""
+    if kern.name == "gaussian" and kern.options.augment:
+        return gaussian_augment_ref(kern, q, k, v, key_mask=key_mask, causal=causal, scaling=scaling)
+    return REFERENCES[kern.name](kern, q, k, v, key_mask=key_mask, causal=causal, scaling=scaling)
