@@ -59,7 +59,9 @@ class KernelAttentionConfig:
                 raise ValueError("a list of layers needs the model's number of layers; use patch()/from_pretrained()")
             overrides = {i: LayerChoice("softmax") for i in range(num_layers) if i not in chosen}
         else:
-            raise ValueError(f"layers must be None, a list of layer indices or a dict {{index: kernel}}, got {layers!r}")
+            raise ValueError(
+                f"layers must be None, a list of layer indices or a dict {{index: kernel}}, got {layers!r}"
+            )
         if num_layers is not None:
             bad = [i for i in overrides if i >= num_layers]
             if bad:

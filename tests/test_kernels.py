@@ -231,9 +231,10 @@ def test_skyformer_nystrom_longer(params, padded):
 def test_skyformer_full_landmarks_is_exact_gaussian(padded):
     """With every query and key a landmark, Nyström is exact up to the ridge:
     κ(Q,X)(G + λI)⁻¹κ(X,K) = [G - λ G(G + λI)⁻¹]_QK, an entrywise error ≤ λ = 1e-6 in exact
-    arithmetic. What remains is fp32 round-off in the Newton–Schulz inverse, amplified by the
-    condition number of G (small here: distinct s^1/2-scaled points are far apart, so G ≈ I); a
-    1e-3 tolerance is far above that and far below the difference to any wrong kernel."""
+    arithmetic. What remains is fp32 round-off (~6e-8) in the Newton–Schulz inverse, amplified by
+    the condition number of G (about 36 here: s^1/2-scaled random points are far apart, so G ≈ I),
+    i.e. ~1e-5 at most (observed 8e-7); 1e-4 is above that and far below the difference to any
+    other kernel (softmax differs by 0.7)."""
     n = 12
     kern = make_kernel("skyformer", 4, 2, {"num_landmarks": 2 * n, "ridge": 1e-6, "newton_iters": 30})
     q, k, v = make_inputs(2, 4, 2, n, n, seed=15)
@@ -241,7 +242,7 @@ def test_skyformer_full_landmarks_is_exact_gaussian(padded):
     out = kern(q, k, v, key_mask=mask, causal=False, scaling=SCALING)
     expected = ref.exact_gaussian_ref(q, k, v, key_mask=mask, scaling=SCALING)
     rows = ref.real_queries(2, n, n, False, mask)
-    torch.testing.assert_close(out.double()[rows], expected[rows], atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(out.double()[rows], expected[rows], atol=1e-4, rtol=1e-4)
 
 
 def test_skyformer_rejects_cross_attention():
@@ -371,10 +372,6 @@ def test_performer_approximates_softmax():
     assert sorted(errors)[len(errors) // 2] < 0.05, errors
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known performer bug (not fixed here): the key constant c = max_l ||ω_l||²/2 is a loose bound, so at "
-    "realistic head dims every key feature exp(ωᵀk' - ||k'||²/2 - c) is ~e^-47 and feature_eps (1e-4) "
-    "swamps it; the attention degenerates to a uniform average of the values"))
 def test_performer_keys_not_swamped_by_feature_eps():
     d, n = 64, 32
     kern = make_kernel("performer", 1, 1, head_dim=d)

@@ -26,7 +26,7 @@ from ..kernels import KERNELS, Kernel, LayerShape, build_kernel, kernel_class
 from .attention import KERNEL_ATTR, SAVED_NAME
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _routes_through_interface(cls: type) -> bool:
     try:
         src = inspect.getsource(cls.forward)
@@ -196,13 +196,15 @@ _HOOKS_INSTALLED = False
 
 
 def install_hooks() -> None:
-    """Wrap four PreTrainedModel methods (idempotent):
+    """Wrap four PreTrainedModel methods and one of generate's (idempotent):
 
     * ``post_init`` — attach kernels when the config names one;
     * ``_initialize_weights`` — kernels missing from a checkpoint get their own init;
     * ``set_attn_implementation`` — a kernel name attaches kernels;
     * ``save_pretrained`` — GGUF models get a conversion hint; kernel models are marked in config.json so
-      that loading them without ``import hf_kernel_attn`` fails loudly instead of running softmax.
+      that loading them without ``import hf_kernel_attn`` fails loudly instead of running softmax;
+    * ``GenerationMixin._prepare_cache_for_generation`` — a model with linear kernels decodes with a
+      :class:`~.cache.RecurrentStateCache` unless the caller passed a cache.
     """
     global _HOOKS_INSTALLED
     if _HOOKS_INSTALLED:
@@ -257,6 +259,22 @@ def install_hooks() -> None:
             _mark_saved_config(save_directory)
         return out
 
+    from transformers.cache_utils import DynamicCache
+    from transformers.generation.utils import GenerationMixin
+
+    from .cache import RecurrentStateCache, wants_state_cache
+
+    orig_prepare_cache = GenerationMixin._prepare_cache_for_generation
+
+    @functools.wraps(orig_prepare_cache)
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        user_cache = model_kwargs.get("cache") is not None
+        out = orig_prepare_cache(self, generation_config, model_kwargs, *args, **kwargs)
+        if not user_cache and type(model_kwargs.get("cache")) is DynamicCache and wants_state_cache(self):
+            model_kwargs["cache"] = RecurrentStateCache(self)
+        return out
+
+    GenerationMixin._prepare_cache_for_generation = _prepare_cache_for_generation
     PreTrainedModel.post_init = post_init
     PreTrainedModel._initialize_weights = _initialize_weights
     PreTrainedModel.set_attn_implementation = set_attn_implementation

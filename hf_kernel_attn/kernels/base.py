@@ -131,6 +131,11 @@ def visibility_mask(
     return mask
 
 
+def accum(x: torch.Tensor) -> torch.Tensor:
+    """The accumulation dtype: fp32, or fp64 when the input already is (exactness checks)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def group_queries(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     """``[B, Hq, N, D] -> [B, Hkv, G, N, D]`` (query head h = kv * G + g)."""
     b, hq, n, d = q.shape

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from . import linear
-from .base import Kernel, KernelOptions, LayerShape, group_queries, one_of, positive, ungroup_output
+from .base import Kernel, KernelOptions, LayerShape, accum, group_queries, one_of, positive, ungroup_output
 
 
 @dataclasses.dataclass
@@ -54,8 +54,8 @@ class LinearKernel(Kernel):
         """φ(q) grouped by KV head and φ(k); query i sits at position offset + M - N + i."""
         n, m = q.shape[-2], k.shape[-2]
         kpos = torch.arange(offset, offset + m, device=q.device)
-        fq = self.feature_q(group_queries(q.float(), k.shape[1]), kpos[m - n:], scaling)
-        fk = self.feature_k(k.float(), kpos, scaling)
+        fq = self.feature_q(group_queries(accum(q), k.shape[1]), kpos[m - n:], scaling)
+        fk = self.feature_k(accum(k), kpos, scaling)
         return fq, fk
 
     def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0, state=None, offset=0):
@@ -138,7 +138,7 @@ class CosformerKernel(LinearKernel):
         return self.options.horizon or self.shape.max_positions
 
     def feature(self, x, pos, scaling):
-        theta = (math.pi / 2) * pos.to(torch.float32) / self.horizon
+        theta = (math.pi / 2) * pos.to(x.dtype) / self.horizon
         r = torch.relu(x)
         return torch.cat([r * theta.sin()[:, None], r * theta.cos()[:, None]], -1)
 
@@ -183,8 +183,11 @@ class PerformerKernel(LinearKernel):
     """FAVOR+: φ(x) = m^-1/2 (exp(ωᵀx' - ||x'||²/2 - c) + ε) with x' = s^1/2 x, so that
     E[φ(q)·φ(k)] ∝ exp(s q·k) (Choromanski et al., ICLR 2021, Rethinking Attention with Performers).
 
-    c is the per-row max for queries (cancels exactly) and max_l ||ω_l||²/2 for keys, a constant
-    of the layer that bounds every key feature by 1 and is the same in prefill and decoding.
+    c is the per-row max for queries (cancels exactly) and 0 for keys: any data-dependent key
+    constant would differ between prefill and decoding (and leak later keys into earlier rows through
+    ε), while a loose bound such as max_l ||ω_l||²/2 pushes every key feature below ε. Unshifted, a
+    key exponent is at most max_l ||ω_l||²/2 (≈ 60 at D = 64); it is clamped at 60 so that sums over
+    64k keys stay finite in fp32.
     ω is a fixed per-layer buffer drawn from ``seed`` and the layer index (saved with the model).
     """
 
@@ -211,7 +214,7 @@ class PerformerKernel(LinearKernel):
 
     def _projection(self, x, scaling):
         xs = x * math.sqrt(scaling)
-        proj = xs @ self.omega.float().T
+        proj = xs @ accum(self.omega).T
         return proj - xs.pow(2).sum(-1, keepdim=True) / 2
 
     def feature_q(self, q, pos, scaling):
@@ -220,8 +223,7 @@ class PerformerKernel(LinearKernel):
         return (torch.exp(p) + self.options.feature_eps) * self.omega.shape[0] ** -0.5
 
     def feature_k(self, k, pos, scaling):
-        c = self.omega.float().pow(2).sum(-1).amax() / 2
-        p = self._projection(k, scaling) - c
+        p = self._projection(k, scaling).clamp_max(60.0)
         return (torch.exp(p) + self.options.feature_eps) * self.omega.shape[0] ** -0.5
 
     def forward_with_state(self, q, k, v, **kw):
@@ -282,7 +284,7 @@ class DijiangKernel(LinearKernel):
             self.projection.copy_(dct_matrix(d).T * w.float()[None, :])
 
     def feature(self, x, pos, scaling):
-        return torch.softmax((x * math.sqrt(scaling)) @ self.projection.float(), dim=-1)
+        return torch.softmax((x * math.sqrt(scaling)) @ accum(self.projection), dim=-1)
 
     @property
     def log_gamma(self) -> torch.Tensor:
@@ -334,7 +336,7 @@ class HedgehogKernel(LinearKernel):
 
     @staticmethod
     def _map(x, w, b, scaling):
-        p = (x * math.sqrt(scaling)) @ w.float() + b.float()[..., None, :]
+        p = (x * math.sqrt(scaling)) @ accum(w) + accum(b)[..., None, :]
         return torch.cat([torch.softmax(p, -1), torch.softmax(-p, -1)], -1)
 
     def feature_q(self, q, pos, scaling):

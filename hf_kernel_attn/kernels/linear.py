@@ -21,6 +21,8 @@ import dataclasses
 
 import torch
 
+from .base import accum
+
 DEFAULT_CHUNK = 64
 
 
@@ -34,7 +36,8 @@ class LinearState:
     @classmethod
     def zeros(cls, fk: torch.Tensor, dv: int) -> LinearState:
         b, h, _, f = fk.shape
-        return cls(fk.new_zeros(b, h, f, dv, dtype=torch.float32), fk.new_zeros(b, h, f, dtype=torch.float32))
+        dtype = accum(fk).dtype
+        return cls(fk.new_zeros(b, h, f, dv, dtype=dtype), fk.new_zeros(b, h, f, dtype=dtype))
 
 
 def _decay_powers(log_decay: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
@@ -48,14 +51,14 @@ def accumulate(
     """Fold L keys into the state: S ← γ^L S + Σ_j γ^(L-j) φ(k_j) v_jᵀ (j = 0..L-1)."""
     if state is None:
         state = LinearState.zeros(fk, v.shape[-1])
-    fk = fk.float()
-    v = v.float()
+    fk = accum(fk)
+    v = accum(v)
     length = fk.shape[-2]
     if log_decay is None:
         return LinearState(state.S + fk.transpose(-1, -2) @ v, state.z + fk.sum(-2))
-    exps = torch.arange(length, 0, -1, device=fk.device, dtype=torch.float32)
-    w = _decay_powers(log_decay.float(), exps)[None, :, :, None]  # [1, H, L, 1]
-    carry = torch.exp(log_decay.float() * length)[None, :, None]  # [1, H, 1]
+    exps = torch.arange(length, 0, -1, device=fk.device, dtype=fk.dtype)
+    w = _decay_powers(accum(log_decay), exps)[None, :, :, None]  # [1, H, L, 1]
+    carry = torch.exp(accum(log_decay) * length)[None, :, None]  # [1, H, 1]
     fkw = fk * w
     return LinearState(state.S * carry[..., None] + fkw.transpose(-1, -2) @ v, state.z * carry + fkw.sum(-2))
 
@@ -71,17 +74,17 @@ def causal_chunked(
 ) -> tuple[torch.Tensor, torch.Tensor, LinearState]:
     """Causal numerator ``[B, H, G, N, Dv]`` and denominator ``[B, H, G, N]`` for N queries aligned with
     N keys that follow the keys already folded into ``state``; returns the final state too."""
-    fq, fk, v = fq.float(), fk.float(), v.float()
+    fq, fk, v = accum(fq), accum(fk), accum(v)
     n = fq.shape[-2]
     if state is None:
         state = LinearState.zeros(fk, v.shape[-1])
     nums, dens = [], []
     tril_full = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=fq.device).tril()
     if log_decay is not None:
-        idx = torch.arange(chunk_size, device=fq.device, dtype=torch.float32)
+        idx = torch.arange(chunk_size, device=fq.device, dtype=fq.dtype)
         diff = (idx[:, None] - idx[None, :]).clamp_min(0)
-        decay_full = _decay_powers(log_decay.float(), diff) * tril_full  # [H, C, C]
-        q_decay_full = _decay_powers(log_decay.float(), idx)  # [H, C]
+        decay_full = _decay_powers(accum(log_decay), diff) * tril_full  # [H, C, C]
+        q_decay_full = _decay_powers(accum(log_decay), idx)  # [H, C]
     for start in range(0, n, chunk_size):
         end = min(start + chunk_size, n)
         length = end - start
@@ -110,7 +113,7 @@ def bidirectional(
     chunk_size: int = DEFAULT_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Every query sees every (unmasked) key; with a decay the weight is γ^|i-j| (two causal scans)."""
-    fq, fk, v = fq.float(), fk.float(), v.float()
+    fq, fk, v = accum(fq), accum(fk), accum(v)
     if log_decay is None:
         s = fk.transpose(-1, -2) @ v  # [B, H, F, Dv]
         z = fk.sum(-2)  # [B, H, F]

@@ -83,7 +83,8 @@ class SkyformerKernel(Kernel):
         gram = gaussian_gram(lm, lm) + self.options.ridge * torch.eye(lm.shape[1], device=q.device)
         d_inv_sqrt = gram.sum(-1).rsqrt()  # [H, L]
         m_norm = d_inv_sqrt[..., :, None] * gram * d_inv_sqrt[..., None, :]
-        w = d_inv_sqrt[..., :, None] * newton_schulz_inverse(m_norm, self.options.newton_iters) * d_inv_sqrt[..., None, :]
+        inv = newton_schulz_inverse(m_norm, self.options.newton_iters)
+        w = d_inv_sqrt[..., :, None] * inv * d_inv_sqrt[..., None, :]
         return gaussian_gram(q, lm), w, gaussian_gram(lm, k)
 
     def forward(self, q, k, v, *, key_mask=None, causal=False, scaling=None, dropout=0.0):

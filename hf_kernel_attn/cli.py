@@ -1,0 +1,106 @@
+"""``hf-kernel-attn`` command line: thin wrappers over the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    import hf_kernel_attn
+
+    for name, info in hf_kernel_attn.available_kernels().items():
+        modes = "/".join(m for m in ("causal", "bidirectional") if info[m])
+        print(f"{name:10s} {info['kind']:13s} {modes:21s} {info['paper']}")
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    import hf_kernel_attn
+
+    out = hf_kernel_attn.convert_gguf(args.model, args.gguf_file, args.output)
+    print(f"saved a normal checkpoint to {out}")
+    return 0
+
+
+def _parse_params(pairs: list[str]) -> dict:
+    params = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise SystemExit(f"--param expects KEY=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
+
+
+def _cmd_perplexity(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import hf_kernel_attn
+    from hf_kernel_attn.kernels import KERNELS
+    from hf_kernel_attn.perplexity import perplexity, read_text
+
+    unknown = [k for k in args.kernels if k not in KERNELS]
+    if unknown:
+        raise SystemExit(f"unknown kernel(s) {unknown}; available kernels: {sorted(KERNELS)}")
+    text = read_text(args.data_file)
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    load = {"gguf_file": args.gguf_file} if args.gguf_file else {}
+    tok = AutoTokenizer.from_pretrained(args.model, **load)
+    model = AutoModelForCausalLM.from_pretrained(args.model, **load).eval()
+    params = _parse_params(args.param)
+    results = []
+    for kernel in args.kernels:
+        hf_kernel_attn.patch(model, kernel=kernel, **(params if kernel != "softmax" else {}))
+        start = time.perf_counter()
+        res = perplexity(model, tok, text, block_size=args.block_size, max_tokens=args.max_tokens)
+        res.update(kernel=kernel, seconds=round(time.perf_counter() - start, 2))
+        results.append(res)
+        print(f"{kernel:10s} perplexity {res['perplexity']:12.3f}  ({res['tokens']} tokens, {res['seconds']} s)",
+              flush=True)
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-kernel-attn", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list the available kernels").set_defaults(func=_cmd_list)
+    conv = sub.add_parser("convert-gguf", help="convert a GGUF checkpoint to a normal one")
+    conv.add_argument("model", help="folder or hub id holding the GGUF file")
+    conv.add_argument("--gguf-file", required=True)
+    conv.add_argument("--output", required=True)
+    conv.set_defaults(func=_cmd_convert)
+    ppl = sub.add_parser("perplexity", help="perplexity of a causal LM under several kernels (no training)")
+    ppl.add_argument("--model", required=True, help="checkpoint folder or hub id")
+    ppl.add_argument("--gguf-file", default=None)
+    ppl.add_argument("--kernels", nargs="+", default=["softmax", "gaussian", "hedgehog", "elu"])
+    ppl.add_argument("--param", action="append", help="kernel option KEY=VALUE (JSON value), repeatable")
+    ppl.add_argument("--data-file", required=True, help="a plain-text file, e.g. WikiText-2 wiki.valid.raw")
+    ppl.add_argument("--block-size", type=int, default=256)
+    ppl.add_argument("--max-tokens", type=int, default=4096)
+    ppl.add_argument("--threads", type=int, default=None)
+    ppl.add_argument("--output", default=None, help="write the results as JSON here")
+    ppl.set_defaults(func=_cmd_perplexity)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

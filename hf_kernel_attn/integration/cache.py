@@ -1,0 +1,135 @@
+"""RecurrentStateCache: constant-memory decoding for linear-kernel layers.
+
+A transformers ``Cache`` whose layers are either a :class:`RecurrentStateLayer` (linear kernels: keeps
+only S = Σ φ(k)vᵀ and z = Σ φ(k) per KV head, never K/V) or a plain ``DynamicLayer`` (softmax-like
+kernels in a hybrid model). ``generate`` on a patched model builds one automatically.
+
+Flow per attention layer (transformers 5.x): the module calls ``cache.update(k, v, layer_idx, kwargs=kw)``
+before the attention function; the state layer records the chunk, puts itself into ``kw`` as
+``linear_state`` and returns the chunk unchanged; the attention function then calls
+:meth:`RecurrentStateLayer.attend`, which runs the chunked causal form from the stored state (prefill)
+or one O(F·Dv) update (a decode step) and keeps the final state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from ..kernels import LinearKernel
+from ..kernels.linear import LinearState
+from .attention import KERNEL_ATTR
+
+
+class RecurrentStateLayer(DynamicLayer):
+    """One linear-kernel layer's recurrent state (fp32, on the keys' device)."""
+
+    is_croppable = False
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.state: LinearState | None = None
+        self.cumulative_length = 0
+        self._chunk_offset = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        module_kwargs = kwargs.get("kwargs")
+        if not isinstance(module_kwargs, dict):
+            raise RuntimeError(
+                "RecurrentStateCache needs the attention module to pass its kwargs to cache.update(..., kwargs=...) "
+                "(transformers >= 5.24 models do); this model does not"
+            )
+        module_kwargs["linear_state"] = self
+        self._chunk_offset = self.cumulative_length
+        self.cumulative_length += key_states.shape[-2]
+        return key_states, value_states
+
+    def attend(self, kernel: LinearKernel, q, k, v, *, key_mask, causal: bool, scaling: float | None) -> torch.Tensor:
+        if not causal:
+            raise ValueError("RecurrentStateCache is for causal decoding; bidirectional layers take no cache")
+        out, self.state = kernel.forward_with_state(
+            q, k, v, key_mask=key_mask, causal=True, scaling=scaling, state=self.state, offset=self._chunk_offset
+        )
+        return out
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # the mask covers the new chunk only; the past lives in the state
+        return query_length, self.cumulative_length
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.state = None
+        self.cumulative_length = 0
+        self._chunk_offset = 0
+        self.is_initialized = False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove:
+            raise ValueError(
+                "a recurrent linear-attention state cannot be cropped (it is a running sum that cannot be rewound), "
+                "so assisted/speculative decoding and other cache-cropping strategies are not supported with "
+                "hf_kernel_attn linear kernels; use plain greedy, sampling or beam search"
+            )
+
+    def _map_state(self, fn) -> None:
+        if self.state is not None:
+            self.state = LinearState(fn(self.state.S), fn(self.state.z))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map_state(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map_state(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map_state(lambda t: t[indices])
+
+    def nbytes(self) -> int:
+        if self.state is None:
+            return 0
+        return self.state.S.numel() * self.state.S.element_size() + self.state.z.numel() * self.state.z.element_size()
+
+
+class RecurrentStateCache(Cache):
+    """Per layer: a recurrent state for linear kernels, a growing K/V cache for the others."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        from .patching import attention_modules
+
+        kernels = [getattr(m, KERNEL_ATTR, None) for m in attention_modules(model)]
+        if not any(isinstance(k, LinearKernel) for k in kernels):
+            raise ValueError("RecurrentStateCache needs a model patched with at least one linear kernel")
+        super().__init__(layers=[RecurrentStateLayer() if isinstance(k, LinearKernel) else DynamicLayer()
+                                 for k in kernels])
+
+    def nbytes(self) -> int:
+        """Bytes held by the cache: recurrent states plus any K/V of softmax-like layers."""
+        total = 0
+        for layer in self.layers:
+            if isinstance(layer, RecurrentStateLayer):
+                total += layer.nbytes()
+            elif getattr(layer, "is_initialized", False) and layer.keys is not None:
+                total += sum(t.numel() * t.element_size() for t in (layer.keys, layer.values))
+        return total
+
+
+def wants_state_cache(model: torch.nn.Module) -> bool:
+    from .patching import attention_modules
+
+    data = getattr(getattr(model, "config", None), "kernel_attention", None)
+    return bool(data) and any(isinstance(getattr(m, KERNEL_ATTR, None), LinearKernel) for m in attention_modules(model))

@@ -1,0 +1,130 @@
+"""RecurrentStateCache: constant-memory decoding equals full recomputation (SmolLM2 and tiny Llama)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import hf_kernel_attn
+from hf_kernel_attn.integration.cache import RecurrentStateCache, RecurrentStateLayer
+from hf_kernel_attn.kernels import KERNELS
+
+LINEAR = sorted(n for n, c in KERNELS.items() if c.is_linear)
+PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea, there lived", "Hi"]
+
+
+def generate_both(model, batch, new_tokens):
+    """Greedy decoding with the automatic state cache and with step-by-step full recomputation."""
+    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, return_dict_in_generate=True,
+              output_logits=True)
+    cached = model.generate(**batch, **kw)
+    full = model.generate(**batch, use_cache=False, **kw)
+    return cached.sequences, torch.stack(cached.logits, 1), full.sequences, torch.stack(full.logits, 1)
+
+
+@pytest.fixture(scope="module")
+def smollm2_batch(smollm2_tok):
+    return smollm2_tok(PROMPTS, return_tensors="pt", padding=True)
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("kernel", LINEAR)
+def test_state_cache_generation_matches_recomputation(kernel, smollm2, smollm2_batch, fresh):
+    fresh(smollm2)
+    hf_kernel_attn.patch(smollm2, kernel=kernel)
+    seq_c, logit_c, seq_f, logit_f = generate_both(smollm2, smollm2_batch, 12)
+    assert torch.equal(seq_c, seq_f)
+    # fp32 accumulation order differs between the chunked and the recurrent form: ~1e-4 relative noise
+    assert (logit_c - logit_f).abs().max().item() <= 5e-4 * logit_f.abs().max().item()
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("kernel", ["cosformer", "dijiang"])
+def test_state_cache_exact_in_float64(kernel, smollm2, smollm2_batch, fresh):
+    """In fp64 the recurrent state and full recomputation agree to rounding (positions and decay included)."""
+    fresh(smollm2)
+    smollm2.double()
+    try:
+        hf_kernel_attn.patch(smollm2, kernel=kernel)
+        seq_c, logit_c, seq_f, logit_f = generate_both(smollm2, smollm2_batch, 8)
+    finally:
+        smollm2.float()
+    assert torch.equal(seq_c, seq_f)
+    assert (logit_c - logit_f).abs().max().item() <= 1e-4
+
+
+@pytest.mark.real_model
+def test_hybrid_model_generates_like_recomputation(smollm2, smollm2_batch, fresh):
+    fresh(smollm2)
+    hf_kernel_attn.patch(smollm2, kernel="hedgehog", layers={0: "softmax", -1: "softmax"})
+    cache = RecurrentStateCache(smollm2)
+    kinds = [type(layer).__name__ for layer in cache.layers]
+    assert kinds[0] == kinds[-1] == "DynamicLayer" and set(kinds[1:-1]) == {"RecurrentStateLayer"}
+    seq_c, logit_c, seq_f, logit_f = generate_both(smollm2, smollm2_batch, 12)
+    assert torch.equal(seq_c, seq_f)
+    assert (logit_c - logit_f).abs().max().item() <= 5e-4 * logit_f.abs().max().item()
+
+
+def tiny_llama(kernel="elu"):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    model = LlamaForCausalLM(cfg).eval()
+    hf_kernel_attn.patch(model, kernel=kernel)
+    return model
+
+
+def test_generate_uses_state_cache_and_memory_is_constant():
+    model = tiny_llama("hedgehog")
+    ids = torch.randint(1, 97, (2, 7))
+    sizes = {}
+    for n in (64, 1024):
+        cache = RecurrentStateCache(model)
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, cache=cache)
+        assert all(isinstance(layer, RecurrentStateLayer) for layer in cache.layers)
+        assert cache.get_seq_length() == 7 + n - 1
+        sizes[n] = cache.nbytes()
+    assert sizes[64] == sizes[1024] > 0
+    # without a cache argument generate builds one itself
+    seen = []
+    orig = RecurrentStateLayer.attend
+    RecurrentStateLayer.attend = lambda self, *a, **k: seen.append(1) or orig(self, *a, **k)
+    try:
+        model.generate(ids, max_new_tokens=3, do_sample=False)
+    finally:
+        RecurrentStateLayer.attend = orig
+    assert seen
+
+
+def test_beam_search_sampling_and_return_sequences_run():
+    model = tiny_llama("performer")
+    ids = torch.randint(1, 97, (2, 5))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    beams = model.generate(ids, attention_mask=mask, max_new_tokens=6, num_beams=3, do_sample=False)
+    multi = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True, num_return_sequences=2)
+    assert beams.shape == (2, 11) and multi.shape == (4, 11)
+    # beam search with the state cache picks the same beams as with recomputation
+    again = model.generate(ids, attention_mask=mask, max_new_tokens=6, num_beams=3, do_sample=False, use_cache=False)
+    assert torch.equal(beams, again)
+
+
+def test_unsupported_operations_raise():
+    model = tiny_llama("elu")
+    cache = RecurrentStateCache(model)
+    model.generate(torch.randint(1, 97, (1, 5)), max_new_tokens=2, cache=cache)
+    with pytest.raises(ValueError, match="cannot be cropped"):
+        cache.crop(-1)
+    with pytest.raises(ValueError, match="at least one linear kernel"):
+        RecurrentStateCache(tiny_llama("gaussian"))
+
+
+def test_training_and_no_cache_paths_stay_stateless():
+    model = tiny_llama("dijiang")
+    ids = torch.randint(1, 97, (2, 9))
+    cache = RecurrentStateCache(model)
+    model.train()
+    loss = model(ids, labels=ids, use_cache=False).loss
+    loss.backward()
+    assert cache.get_seq_length() == 0 and all(layer.state is None for layer in cache.layers)
