@@ -88,8 +88,13 @@ class GaussianKernel(Kernel):
         bias = -kf.pow(2).sum(-1, keepdim=True) / 2
         q2 = torch.cat([q.float(), torch.ones_like(q[..., :1], dtype=torch.float32)], -1) * inv
         k2 = torch.cat([kf, bias], -1)
-        out = fused_attention(q2, k2, v.float(), key_mask=key_mask, causal=causal, scale=1.0, dropout=dropout)
-        return out.to(dtype)
+        # torch's fused CPU kernels need equal q/k and v head dims: pad v with zeros, drop them after
+        vf = v.float()
+        pad = q2.shape[-1] - vf.shape[-1]
+        if pad > 0:
+            vf = torch.cat([vf, vf.new_zeros(*vf.shape[:-1], pad)], -1)
+        out = fused_attention(q2, k2, vf, key_mask=key_mask, causal=causal, scale=1.0, dropout=dropout)
+        return out[..., : v.shape[-1]].to(dtype)
 
     def _unnormalized(self, q, k, v, key_mask, causal, inv) -> torch.Tensor:
         """Σ_j exp(-||q_i - k_j||²/(2σ²)) v_j, no row normalisation (Skyformer's 'kernelized' form)."""
