@@ -23,8 +23,12 @@ from ..kernels.linear import LinearState
 from .attention import KERNEL_ATTR
 
 
+def _bytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 class RecurrentStateLayer(DynamicLayer):
-    """One linear-kernel layer's recurrent state (fp32, on the keys' device)."""
+    """One linear-kernel layer's recurrent state (fp32, or fp64 for fp64 inputs; on the keys' device)."""
 
     is_croppable = False
     is_compileable = False
@@ -100,9 +104,7 @@ class RecurrentStateLayer(DynamicLayer):
         self._map_state(lambda t: t[indices])
 
     def nbytes(self) -> int:
-        if self.state is None:
-            return 0
-        return self.state.S.numel() * self.state.S.element_size() + self.state.z.numel() * self.state.z.element_size()
+        return 0 if self.state is None else _bytes(self.state.S, self.state.z)
 
 
 class RecurrentStateCache(Cache):
@@ -124,7 +126,7 @@ class RecurrentStateCache(Cache):
             if isinstance(layer, RecurrentStateLayer):
                 total += layer.nbytes()
             elif getattr(layer, "is_initialized", False) and layer.keys is not None:
-                total += sum(t.numel() * t.element_size() for t in (layer.keys, layer.values))
+                total += _bytes(layer.keys, layer.values)
         return total
 
 

@@ -149,6 +149,13 @@ def kernel_config(model: nn.Module) -> KernelAttentionConfig | None:
     return KernelAttentionConfig.from_dict(data) if data else None
 
 
+def _config_for(impl: str, data: dict | None) -> KernelAttentionConfig:
+    """The stored config when it is for kernel ``impl``, else ``impl`` with default options."""
+    if data and data.get("kernel") == impl:
+        return KernelAttentionConfig.from_dict(data)
+    return KernelAttentionConfig.create(impl)
+
+
 def sync_from_config(model: nn.Module) -> None:
     """Called after every PreTrainedModel.__init__: attach kernels when the config asks for them."""
     config = getattr(model, "config", None)
@@ -157,10 +164,7 @@ def sync_from_config(model: nn.Module) -> None:
     impl = getattr(config, "_attn_implementation_internal", None)
     data = getattr(config, CONFIG_KEY, None)
     if impl in KERNELS:
-        if data and data.get("kernel") == impl:
-            kcfg = KernelAttentionConfig.from_dict(data)
-        else:
-            kcfg = KernelAttentionConfig.create(impl)
+        kcfg = _config_for(impl, data)
     elif data:  # a saved kernel model (its config names SAVED_NAME, or the name was dropped on save)
         kcfg = KernelAttentionConfig.from_dict(data)
     elif impl == SAVED_NAME:
@@ -237,12 +241,7 @@ def install_hooks() -> None:
     @functools.wraps(orig_set_impl)
     def set_attn_implementation(self, attn_implementation, *args, **kwargs):
         if isinstance(attn_implementation, str) and attn_implementation in KERNELS:
-            data = getattr(self.config, CONFIG_KEY, None)
-            if data and data.get("kernel") == attn_implementation:
-                kcfg = KernelAttentionConfig.from_dict(data)
-            else:
-                kcfg = KernelAttentionConfig.create(attn_implementation)
-            apply_config(self, kcfg)
+            apply_config(self, _config_for(attn_implementation, getattr(self.config, CONFIG_KEY, None)))
             return None
         return orig_set_impl(self, attn_implementation, *args, **kwargs)
 

@@ -9,6 +9,7 @@ differences of positions enter a score, so left padding does not change real tok
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import ClassVar
 
@@ -219,11 +220,12 @@ class PerformerKernel(LinearKernel):
 
     def feature_q(self, q, pos, scaling):
         p = self._projection(q, scaling)
-        p = p - p.amax(-1, keepdim=True).detach()
-        return (torch.exp(p) + self.options.feature_eps) * self.omega.shape[0] ** -0.5
+        return self._positive(p - p.amax(-1, keepdim=True).detach())
 
     def feature_k(self, k, pos, scaling):
-        p = self._projection(k, scaling).clamp_max(60.0)
+        return self._positive(self._projection(k, scaling).clamp_max(60.0))
+
+    def _positive(self, p):
         return (torch.exp(p) + self.options.feature_eps) * self.omega.shape[0] ** -0.5
 
     def forward_with_state(self, q, k, v, **kw):
@@ -349,6 +351,15 @@ class HedgehogKernel(LinearKernel):
         return self._map(k, self.weight_k, self.bias_k, scaling)
 
 
+@functools.cache
+def _upper_triangle(d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Index pairs i ≤ j and weights 1/√2 (diagonal) or 1 (off-diagonal pairs appear once, so they carry
+    √2): Σ_{i≤j} (√2 w_ij)² x_i x_j y_i y_j = (x·y)²."""
+    i, j = torch.triu_indices(d, d, device=device)
+    weight = torch.where(i == j, 1.0, math.sqrt(2.0)).to(device) / math.sqrt(2.0)
+    return i, j, weight
+
+
 class TaylorKernel(LinearKernel):
     """Second-order Taylor map φ(x) = [1, s^1/2 x, s/√2 · u(x)] with u(x)·u(y) = (x·y)² (upper
     triangle of xxᵀ, off-diagonal terms × √2), so φ(q)·φ(k) = 1 + t + t²/2 with t = s q·k
@@ -358,10 +369,7 @@ class TaylorKernel(LinearKernel):
     paper = "Arora et al., ICML 2024, Simple linear attention language models (Based)"
 
     def feature(self, x, pos, scaling):
-        d = x.shape[-1]
-        i, j = torch.triu_indices(d, d, device=x.device)
-        # off-diagonal pairs appear once, so they carry √2: Σ_{i≤j} w_ij² x_i x_j y_i y_j = (x·y)²
-        weight = torch.where(i == j, 1.0, math.sqrt(2.0)).to(x.device) / math.sqrt(2.0)
+        i, j, weight = _upper_triangle(x.shape[-1], x.device)
         xs = x * math.sqrt(scaling)
         second = xs[..., i] * xs[..., j] * weight
         return torch.cat([torch.ones_like(xs[..., :1]), xs, second], -1)

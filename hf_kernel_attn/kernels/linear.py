@@ -78,6 +78,7 @@ def causal_chunked(
     n = fq.shape[-2]
     if state is None:
         state = LinearState.zeros(fk, v.shape[-1])
+    chunk_size = min(chunk_size, n)  # a decode step (n = 1) needs 1×1 tables, not C×C
     nums, dens = [], []
     tril_full = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=fq.device).tril()
     if log_decay is not None:
