@@ -40,20 +40,14 @@ def _parse_params(pairs: list[str]) -> dict:
 
 def _cmd_perplexity(args: argparse.Namespace) -> int:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import hf_kernel_attn
-    from hf_kernel_attn.kernels import KERNELS
     from hf_kernel_attn.perplexity import perplexity, read_text
 
-    unknown = [k for k in args.kernels if k not in KERNELS]
-    if unknown:
-        raise SystemExit(f"unknown kernel(s) {unknown}; available kernels: {sorted(KERNELS)}")
+    _check_kernels(args.kernels)
     text = read_text(args.data_file)
     torch.set_num_threads(args.threads or torch.get_num_threads())
-    load = {"gguf_file": args.gguf_file} if args.gguf_file else {}
-    tok = AutoTokenizer.from_pretrained(args.model, **load)
-    model = AutoModelForCausalLM.from_pretrained(args.model, **load).eval()
+    model, tok = _load_causal_lm(args.model, args.gguf_file)
     params = _parse_params(args.param)
     results = []
     for kernel in args.kernels:
@@ -70,6 +64,49 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_causal_lm(model: str, gguf_file: str | None):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    load = {"gguf_file": gguf_file} if gguf_file else {}
+    return AutoModelForCausalLM.from_pretrained(model, **load).eval(), AutoTokenizer.from_pretrained(model, **load)
+
+
+def _check_kernels(names: list[str]) -> None:
+    from hf_kernel_attn.kernels import KERNELS
+
+    unknown = [k for k in names if k not in KERNELS]
+    if unknown:
+        raise SystemExit(f"unknown kernel(s) {unknown}; available kernels: {sorted(KERNELS)}")
+
+
+def _cmd_decode_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from hf_kernel_attn.bench import format_machine, machine_info
+    from hf_kernel_attn.decoding import run_decode_suite
+
+    _check_kernels(args.kernels)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, _ = _load_causal_lm(args.model, args.gguf_file)
+    print(format_machine(machine_info(torch.get_num_threads())))
+    rows = run_decode_suite(
+        model, args.kernels, args.contexts, steps=args.steps,
+        progress=lambda r: print(f"{r['kernel']:10s} context {r['context']:6d}: {r['decode_ms']:8.2f} ms/token, "
+                                 f"cache {r['cache_bytes'] / 2**20:8.1f} MiB (prefill {r['prefill_s']:.1f} s)",
+                                 flush=True),
+    )
+    print("\n| kernel | context | ms/token | × softmax (K/V cache) | × own shortest context | cache MiB |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['kernel']} | {r['context']} | {r['decode_ms']:.2f} | {r['ratio_vs_softmax']:.2f} | "
+              f"{r['ratio_vs_shortest']:.2f} | {r['cache_bytes'] / 2**20:.1f} |")
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump({"machine": machine_info(torch.get_num_threads()), "rows": rows}, f, indent=1)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-kernel-attn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -79,6 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--gguf-file", required=True)
     conv.add_argument("--output", required=True)
     conv.set_defaults(func=_cmd_convert)
+    # `bench` options are parsed by hf_kernel_attn.bench_cli (main() forwards them); listed here for --help
+    sub.add_parser("bench", add_help=False, help="kernel micro-benchmark vs SDPA (see docs/benchmarks.md)")
+    dec = sub.add_parser("decode-bench", help="per-token decode latency vs context on a causal LM")
+    dec.add_argument("--model", required=True, help="checkpoint folder or hub id")
+    dec.add_argument("--gguf-file", default=None)
+    dec.add_argument("--kernels", nargs="+", default=["elu", "relu", "cosformer", "performer", "dijiang", "hedgehog",
+                                                      "taylor"])
+    dec.add_argument("--contexts", nargs="+", type=int, default=[256, 1024, 2048, 4096, 8192])
+    dec.add_argument("--steps", type=int, default=8, help="timed decode steps per point (median)")
+    dec.add_argument("--threads", type=int, default=None)
+    dec.add_argument("--output", default=None)
+    dec.set_defaults(func=_cmd_decode_bench)
     ppl = sub.add_parser("perplexity", help="perplexity of a causal LM under several kernels (no training)")
     ppl.add_argument("--model", required=True, help="checkpoint folder or hub id")
     ppl.add_argument("--gguf-file", default=None)
@@ -94,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        from hf_kernel_attn.bench_cli import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

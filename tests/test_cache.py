@@ -128,3 +128,17 @@ def test_training_and_no_cache_paths_stay_stateless():
     loss = model(ids, labels=ids, use_cache=False).loss
     loss.backward()
     assert cache.get_seq_length() == 0 and all(layer.state is None for layer in cache.layers)
+
+
+def test_decode_suite_reports_constant_state_and_growing_kv():
+    from hf_kernel_attn.decoding import run_decode_suite
+
+    model = tiny_llama("elu")
+    rows = run_decode_suite(model, ["elu"], [16, 64], steps=2)
+    by = {(r["kernel"], r["context"]): r for r in rows}
+    assert set(by) == {("softmax", 16), ("softmax", 64), ("elu", 16), ("elu", 64)}
+    assert by[("elu", 16)]["cache_bytes"] == by[("elu", 64)]["cache_bytes"] > 0
+    # K/V bytes grow with the context: 2 layers × (K and V) × 2 KV heads × 16 dims × 4 bytes per token
+    grown = by[("softmax", 64)]["cache_bytes"] - by[("softmax", 16)]["cache_bytes"]
+    assert grown == 48 * 2 * 2 * 2 * 16 * 4
+    assert by[("softmax", 16)]["ratio_vs_softmax"] == 1.0 and by[("elu", 16)]["ratio_vs_shortest"] == 1.0

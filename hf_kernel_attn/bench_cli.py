@@ -1,0 +1,157 @@
+"""Benchmark attention kernels against SDPA (the ``softmax`` kernel): time, peak memory, GFLOP/s.
+
+    hf-kernel-attn bench --kernels gaussian elu hedgehog --lengths 1024 2048 4096 --causal \
+        --output results.json --plot results.png
+
+A thin command line over :func:`hf_kernel_attn.bench.run_suite` (also ``python benchmarks/kernel_bench.py``
+and ``main(argv)``).
+See docs/benchmarks.md for what is measured and how.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .bench import (
+    MAX_LEN_LINEAR,
+    MAX_LEN_QUADRATIC,
+    format_machine,
+    format_table,
+    machine_info,
+    measure_matmul_peak,
+    run_suite,
+)
+from .kernels import KERNELS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kernels", nargs="+", default=sorted(KERNELS),
+                   help="kernels to run (softmax/SDPA is always run as the baseline); default: all")
+    p.add_argument("--lengths", nargs="+", type=int, default=[512, 1024, 2048, 4096], help="sequence lengths N")
+    p.add_argument("--causal", action="store_true", help="run the causal mode (default: both modes)")
+    p.add_argument("--bidirectional", action="store_true", help="run the bidirectional mode (default: both)")
+    p.add_argument("--backward", action="store_true", help="time forward + backward instead of forward only")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=None, help="KV heads for GQA (default: --heads)")
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per point (the median is reported)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls per point (the first measures memory)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--max-len-quadratic", type=int, default=MAX_LEN_QUADRATIC,
+                   help="skip softmax-like kernels above this N")
+    p.add_argument("--max-len-linear", type=int, default=MAX_LEN_LINEAR, help="skip other kernels above this N")
+    p.add_argument("--param", action="append", default=[], metavar="KERNEL.KEY=VALUE",
+                   help="kernel option, e.g. performer.num_features=128 (value parsed as JSON); repeatable")
+    p.add_argument("--no-peak", action="store_true", help="do not measure the matmul peak GFLOP/s")
+    p.add_argument("--output", default=None, help="write machine, settings and rows as JSON here")
+    p.add_argument("--plot", default=None, help="save a time-vs-N plot here (needs matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="no per-row progress lines")
+    return p
+
+
+def parse_params(pairs: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``["performer.num_features=128"]`` -> ``{"performer": {"num_features": 128}}``."""
+    params: dict[str, dict[str, Any]] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        name, dot, option = key.partition(".")
+        if not sep or not dot:
+            raise SystemExit(f"--param expects KERNEL.KEY=VALUE, got {pair!r}")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        params.setdefault(name, {})[option] = parsed
+    return params
+
+
+def plot(rows: Sequence[dict[str, Any]], path: str) -> bool:
+    """Log-log time vs N, one panel per mode; returns False (with a message) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: skipping the plot {path}", file=sys.stderr)
+        return False
+    modes = sorted({(r["causal"], r["backward"]) for r in rows}, reverse=True)
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.5), squeeze=False)
+    for ax, (causal, backward) in zip(axes[0], modes, strict=True):
+        for name in dict.fromkeys(r["kernel"] for r in rows):
+            pts = sorted((r["n"], r["time_ms"]) for r in rows if r["kernel"] == name and r["status"] == "ok"
+                         and r["causal"] == causal and r["backward"] == backward)
+            if pts:
+                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+                ax.loglog(xs, ys, marker="o", label=name + (" (SDPA)" if name == "softmax" else ""))
+        ax.set_title(("causal" if causal else "bidirectional") + (" fwd+bwd" if backward else " fwd"))
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel("time per call (ms)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    unknown = [k for k in args.kernels if k not in KERNELS]
+    if unknown:
+        raise SystemExit(f"unknown kernel(s) {unknown}; available kernels: {sorted(KERNELS)}")
+    modes = [m for m, on in ((True, args.causal), (False, args.bidirectional)) if on] or [True, False]
+    threads = args.threads if args.threads is not None else torch.get_num_threads()
+    info = machine_info(threads, args.device)
+    peak = None if args.no_peak else measure_matmul_peak(args.dtype, threads, device=args.device)
+    print(format_machine(info, peak))
+    load = info.get("loadavg_1min")
+    if info["device"] == "cpu" and load is not None and load >= 0.5 * (info["usable_cores"] or 1):
+        print(f"warning: load average {load:.2f} on {info['usable_cores']} usable cores: other processes share the "
+              "CPU, so timings are noisy (multi-threaded ops may wait on descheduled threads; try --threads 1)",
+              file=sys.stderr)
+
+    def progress(row: dict[str, Any]) -> None:
+        if args.quiet:
+            return
+        mode = "causal" if row["causal"] else "bidir"
+        if row["status"] == "ok":
+            ratio = "" if row["ratio_vs_sdpa"] is None else f"  x{row['ratio_vs_sdpa']:.2f} SDPA"
+            print(f"{row['kernel']:10s} {mode:6s} N={row['n']:<6d} {row['time_ms']:9.2f} ms{ratio}", flush=True)
+        else:
+            print(f"{row['kernel']:10s} {mode:6s} N={row['n']:<6d} {row['status']}: {row['reason']}", flush=True)
+
+    rows = run_suite(
+        args.kernels, args.lengths, causal_modes=modes, backward=args.backward, batch=args.batch, heads=args.heads,
+        kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype, repeats=args.repeats,
+        warmup=args.warmup, device=args.device, threads=threads, params=parse_params(args.param),
+        max_len_quadratic=args.max_len_quadratic, max_len_linear=args.max_len_linear, progress=progress,
+    )
+    print()
+    print(format_table(rows, peak))
+    if args.output:
+        dropped = ("output", "plot", "quiet", "causal", "bidirectional")
+        settings = {k: v for k, v in vars(args).items() if k not in dropped}
+        settings.update(causal_modes=modes, threads=threads)
+        with open(args.output, "w") as f:
+            json.dump({"machine": info, "matmul_peak_gflops": peak, "settings": settings, "rows": rows}, f,
+                      indent=1)
+        print(f"wrote {args.output}")
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

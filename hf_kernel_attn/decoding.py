@@ -1,0 +1,95 @@
+"""Decoding measurements on a patched model: agreement with full recomputation, cache size, and
+per-token latency against context length (softmax with a K/V cache vs the recurrent state)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .integration.cache import RecurrentStateCache, wants_state_cache
+from .integration.patching import patch
+
+
+def new_cache(model: torch.nn.Module):
+    """What ``generate`` would use: a RecurrentStateCache when the model has linear layers, else a DynamicCache."""
+    from transformers import DynamicCache
+
+    return RecurrentStateCache(model) if wants_state_cache(model) else DynamicCache(config=model.config)
+
+
+def cache_bytes(cache: Any) -> int:
+    if isinstance(cache, RecurrentStateCache):
+        return cache.nbytes()
+    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
+               if t is not None)
+
+
+@torch.no_grad()
+def compare_with_recomputation(model, batch: dict[str, torch.Tensor], new_tokens: int) -> dict[str, Any]:
+    """Greedy ``generate`` with the automatic cache vs step-by-step recomputation of the whole sequence
+    (``use_cache=False``): are the tokens identical, and how far apart are the step logits?"""
+    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, return_dict_in_generate=True,
+              output_logits=True)
+    cached = model.generate(**batch, **kw)
+    full = model.generate(**batch, use_cache=False, **kw)
+    a, b = torch.stack(cached.logits, 1), torch.stack(full.logits, 1)
+    diff = (a - b).abs().max().item()
+    return {"tokens_identical": bool(torch.equal(cached.sequences, full.sequences)), "max_abs_logit_diff": diff,
+            "max_rel_logit_diff": diff / b.abs().max().item(), "new_tokens": new_tokens}
+
+
+@torch.no_grad()
+def cache_bytes_after(model, input_ids: torch.Tensor, new_tokens: int) -> int:
+    """Bytes held by generate's cache after ``new_tokens`` greedy tokens."""
+    cache = new_cache(model)
+    model.generate(input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, cache=cache)
+    return cache_bytes(cache)
+
+
+@torch.no_grad()
+def decode_latency(model, context: int, *, steps: int = 8, warmup: int = 2, batch: int = 1,
+                   seed: int = 0) -> dict[str, Any]:
+    """Prefill ``context`` random tokens, then time ``steps`` single-token decode steps (median)."""
+    gen = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    ids = torch.randint(0, model.config.vocab_size, (batch, context), generator=gen).to(device)
+    cache = new_cache(model)
+    start = time.perf_counter()
+    out = model(ids, cache=cache, use_cache=True, logits_to_keep=1)
+    prefill = time.perf_counter() - start
+    token = out.logits[:, -1:].argmax(-1)
+    times = []
+    for step in range(warmup + steps):
+        start = time.perf_counter()
+        out = model(token, cache=cache, use_cache=True)
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+        token = out.logits[:, -1:].argmax(-1)
+    return {"context": context, "prefill_s": prefill, "decode_ms": 1e3 * statistics.median(times),
+            "cache_bytes": cache_bytes(cache)}
+
+
+def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, steps: int = 8,
+                     progress=None) -> list[dict[str, Any]]:
+    """``decode_latency`` for every kernel and context; ``softmax`` (K/V cache) is always measured too.
+    Adds ``ratio_vs_softmax`` (same context) and ``ratio_vs_shortest`` (same kernel, shortest context)."""
+    kernels = ["softmax", *[k for k in kernels if k != "softmax"]]
+    rows = []
+    for kernel in kernels:
+        patch(model, kernel=kernel)
+        for context in contexts:
+            row = {"kernel": kernel, **decode_latency(model, context, steps=steps)}
+            rows.append(row)
+            if progress:
+                progress(row)
+    base = {r["context"]: r["decode_ms"] for r in rows if r["kernel"] == "softmax"}
+    first = {}
+    for r in rows:
+        first.setdefault(r["kernel"], r["decode_ms"])
+        r["ratio_vs_softmax"] = r["decode_ms"] / base[r["context"]]
+        r["ratio_vs_shortest"] = r["decode_ms"] / first[r["kernel"]]
+    return rows
