@@ -290,8 +290,9 @@ class DijiangKernel(LinearKernel):
 
     @property
     def log_gamma(self) -> torch.Tensor:
-        """ln γ per KV head ``[Hkv]`` (fixed, derived from the head count)."""
-        return torch.tensor(self.gammas, device=self.projection.device).log()
+        """ln γ per KV head ``[Hkv]`` in fp64 (fixed, derived from the head count); the linear forms cast it
+        to their accumulation dtype."""
+        return torch.tensor(self.gammas, dtype=torch.float64, device=self.projection.device).log()
 
     def log_decay(self):
         return self.log_gamma if self.options.decay else None

@@ -57,8 +57,9 @@ def accumulate(
     if log_decay is None:
         return LinearState(state.S + fk.transpose(-1, -2) @ v, state.z + fk.sum(-2))
     exps = torch.arange(length, 0, -1, device=fk.device, dtype=fk.dtype)
-    w = _decay_powers(accum(log_decay), exps)[None, :, :, None]  # [1, H, L, 1]
-    carry = torch.exp(accum(log_decay) * length)[None, :, None]  # [1, H, 1]
+    log_decay = log_decay.to(fk.dtype)
+    w = _decay_powers(log_decay, exps)[None, :, :, None]  # [1, H, L, 1]
+    carry = torch.exp(log_decay * length)[None, :, None]  # [1, H, 1]
     fkw = fk * w
     return LinearState(state.S * carry[..., None] + fkw.transpose(-1, -2) @ v, state.z * carry + fkw.sum(-2))
 
@@ -84,8 +85,9 @@ def causal_chunked(
     if log_decay is not None:
         idx = torch.arange(chunk_size, device=fq.device, dtype=fq.dtype)
         diff = (idx[:, None] - idx[None, :]).clamp_min(0)
-        decay_full = _decay_powers(accum(log_decay), diff) * tril_full  # [H, C, C]
-        q_decay_full = _decay_powers(accum(log_decay), idx)  # [H, C]
+        log_decay = log_decay.to(fq.dtype)
+        decay_full = _decay_powers(log_decay, diff) * tril_full  # [H, C, C]
+        q_decay_full = _decay_powers(log_decay, idx)  # [H, C]
     for start in range(0, n, chunk_size):
         end = min(start + chunk_size, n)
         length = end - start
