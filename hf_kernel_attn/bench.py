@@ -281,13 +281,14 @@ def _projection_width(kernel: Kernel) -> int:
 
 
 def _chunked_causal_flops(n: int, c: int, f: int, dv: int, hq: int, hkv: int) -> float:
-    """Matmul FLOPs of :func:`linear.causal_chunked` for one sequence: per query head, the in-chunk
-    scores (2·L²·F) and scores @ V (2·L²·Dv) per chunk of length L, φ(q) @ S (2·N·F·Dv) and φ(q) @ z
-    (2·N·F); per KV head, the state updates φ(k)ᵀ @ V (2·N·F·Dv)."""
+    """Matmul FLOPs of :func:`linear.scan` for one sequence. Values carry an extra all-ones column (the
+    denominator), so they are Dv + 1 wide. Per query head: the in-chunk scores (2·L²·F) and
+    scores @ V (2·L²·(Dv + 1)) per chunk of length L, and φ(q) @ S (2·N·F·(Dv + 1)); per KV head the state
+    updates φ(k)ᵀ @ V (2·N·F·(Dv + 1))."""
     full, rest = divmod(n, c)
     sum_sq = full * c * c + rest * rest
-    per_q = 2.0 * sum_sq * (f + dv) + 2.0 * n * f * dv + 2.0 * n * f
-    per_kv = 2.0 * n * f * dv
+    per_q = 2.0 * sum_sq * (f + dv + 1) + 2.0 * n * f * (dv + 1)
+    per_kv = 2.0 * n * f * (dv + 1)
     return hq * per_q + hkv * per_kv
 
 

@@ -198,7 +198,8 @@ def performer_features(omega, x, scaling, feature_eps, is_query):
     xs = x * math.sqrt(scaling)
     proj = torch.einsum("...d,ld->...l", xs, omega) - (xs * xs).sum(-1, keepdim=True) / 2
     if is_query:
-        c = proj.amax(-1, keepdim=True)
+        # the kernel treats the stabiliser as a constant (no gradient through the max); so does this
+        c = proj.amax(-1, keepdim=True).detach()
     else:
         c = 0.0  # keys: no shift (the exponent is bounded by max_l ||ω_l||²/2)
     return (torch.exp(proj - c) + feature_eps) / math.sqrt(m)
@@ -244,8 +245,8 @@ def hedgehog_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     and k (per KV head)."""
     s = _scale(q, scaling)
     hq, hkv = q.shape[1], k.shape[1]
-    wq, bq = kern.weight_q.detach().to(f64), kern.bias_q.detach().to(f64)
-    wk, bk = kern.weight_k.detach().to(f64), kern.bias_k.detach().to(f64)
+    wq, bq = kern.weight_q.to(f64), kern.bias_q.to(f64)  # not detached: gradient tests compare these too
+    wk, bk = kern.weight_k.to(f64), kern.bias_k.to(f64)
 
     def sm(p):
         e = torch.exp(p - p.amax(-1, keepdim=True))

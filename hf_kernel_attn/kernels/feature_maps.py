@@ -19,6 +19,8 @@ from torch import nn
 from . import linear
 from .base import Kernel, KernelOptions, LayerShape, accum, group_queries, one_of, positive, ungroup_output
 
+BLOCK_FEATURE_VALUES = 1 << 21
+
 
 @dataclasses.dataclass
 class LinearOptions(KernelOptions):
@@ -64,6 +66,10 @@ class LinearKernel(Kernel):
                                          state=state, offset=offset)
         return out
 
+    def num_features(self) -> int:
+        """F, the length of φ(x)."""
+        return self.shape.head_dim
+
     def forward_with_state(
         self, q, k, v, *, key_mask=None, causal=True, scaling=None, state=None, offset=0
     ) -> tuple[torch.Tensor, linear.LinearState | None]:
@@ -71,6 +77,8 @@ class LinearKernel(Kernel):
         keys before these, ``offset`` = how many there were)."""
         self.check_inputs(q, k, v, causal)
         scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
+        if causal and not self._needs_grad(q, k, v, state):
+            return self._causal_blocked(q, k, v, key_mask, scaling, state, offset)
         fq, fk = self.features(q, k, scaling, offset)
         if key_mask is not None:
             fk = fk * key_mask[:, None, :, None].to(fk.dtype)
@@ -88,10 +96,63 @@ class LinearKernel(Kernel):
             state = None
         return ungroup_output(linear.normalize(num, den, self.options.eps)).to(q.dtype), state
 
+    def _needs_grad(self, q, k, v, state) -> bool:
+        if not torch.is_grad_enabled():
+            return False
+        tensors = [q, k, v, *self.parameters()]
+        if state is not None:
+            tensors += [state.S, state.z]
+        return any(t.requires_grad for t in tensors)
+
+    def _block_length(self, rows: int) -> int:
+        """Positions per block of the no-grad causal path: about 2M feature values, whole chunks."""
+        chunk = self.options.chunk_size
+        return max(chunk, BLOCK_FEATURE_VALUES // max(1, rows * self.num_features()) // chunk * chunk)
+
+    def _causal_blocked(self, q, k, v, key_mask, scaling, state, offset):
+        """The causal forward without autograd, one block of positions at a time: features, scan,
+        normalisation and the output layout per block, so no temporary grows with N."""
+        b, hq, n, _ = q.shape
+        hkv, m, dv = k.shape[1], k.shape[-2], v.shape[-1]
+        g = hq // hkv
+        decay = self.log_decay()
+        kpos = torch.arange(offset, offset + m, device=q.device)
+        prefix = m - n
+        if prefix > 0:
+            fk = self.feature_k(accum(k[:, :, :prefix]), kpos[:prefix], scaling)
+            if key_mask is not None:
+                fk = fk * key_mask[:, None, :prefix, None].to(fk.dtype)
+            state = linear.accumulate(fk, v[:, :, :prefix], state, decay)
+        s_aug = None if state is None else state.augmented()
+        out = q.new_empty(b, n, hq, dv)
+        block = self._block_length(b * hq)
+        for start in range(0, n, block):
+            end = min(start + block, n)
+            length = end - start
+            pos = kpos[prefix + start:prefix + end]
+            fq = self.feature_q(group_queries(accum(q[:, :, start:end]), hkv), pos, scaling)
+            fk = self.feature_k(accum(k[:, :, prefix + start:prefix + end]), pos, scaling)
+            if key_mask is not None:
+                fk = fk * key_mask[:, None, prefix + start:prefix + end, None].to(fk.dtype)
+            f = fk.shape[-1]
+            vb = accum(v[:, :, prefix + start:prefix + end])
+            v3 = torch.cat([vb, vb.new_ones(b, hkv, length, 1)], -1).view(b * hkv, length, dv + 1)
+            if s_aug is None:
+                s_aug = fk.new_zeros(b * hkv, f, dv + 1)
+            o = linear.scan(fq.transpose(2, 3).reshape(b * hkv, length * g, f), fk.reshape(b * hkv, length, f),
+                            v3, s_aug, gq=g, gk=1, log_decay=decay, chunk_size=self.options.chunk_size)
+            o = o.view(b, hkv, length, g, dv + 1)
+            res = o[..., :dv] / o[..., dv:].clamp_min(self.options.eps)
+            out[:, start:end] = res.transpose(1, 2).reshape(b, length, hq, dv)
+        if s_aug is None:  # n == 0
+            return out, state
+        return out, linear.LinearState.from_augmented(s_aug, b)
+
 
 def positive_elu(x: torch.Tensor) -> torch.Tensor:
-    """elu(x) + 1 written as where(x > 0, x + 1, exp(x)); exact in low precision, no inf in backward."""
-    return torch.where(x > 0, x + 1, torch.exp(x.clamp_max(0)))
+    """elu(x) + 1 written as exp(min(x, 0)) + max(x, 0): no cancellation for x ≪ 0 (elu(x) + 1 rounds
+    exp(x) - 1 + 1 to 0), no inf in backward."""
+    return torch.exp(x.clamp_max(0)) + torch.relu(x)
 
 
 class EluKernel(LinearKernel):
@@ -137,6 +198,9 @@ class CosformerKernel(LinearKernel):
     @property
     def horizon(self) -> int:
         return self.options.horizon or self.shape.max_positions
+
+    def num_features(self) -> int:
+        return 2 * self.shape.head_dim
 
     def feature(self, x, pos, scaling):
         theta = (math.pi / 2) * pos.to(x.dtype) / self.horizon
@@ -212,6 +276,9 @@ class PerformerKernel(LinearKernel):
         gen = layer_generator(self.options.seed + self.calls, self.shape.layer_idx)
         with torch.no_grad():
             self.omega.copy_(orthogonal_gaussian(self.omega.shape[0], self.omega.shape[1], gen))
+
+    def num_features(self) -> int:
+        return int(self.omega.shape[0])
 
     def _projection(self, x, scaling):
         xs = x * math.sqrt(scaling)
@@ -337,6 +404,9 @@ class HedgehogKernel(LinearKernel):
             self.bias_q.zero_()
             self.bias_k.zero_()
 
+    def num_features(self) -> int:
+        return 2 * int(self.weight_q.shape[-1])
+
     @staticmethod
     def _map(x, w, b, scaling):
         p = (x * math.sqrt(scaling)) @ accum(w) + accum(b)[..., None, :]
@@ -357,7 +427,8 @@ def _upper_triangle(d: int, device: torch.device) -> tuple[torch.Tensor, torch.T
     """Index pairs i ≤ j and weights 1/√2 (diagonal) or 1 (off-diagonal pairs appear once, so they carry
     √2): Σ_{i≤j} (√2 w_ij)² x_i x_j y_i y_j = (x·y)²."""
     i, j = torch.triu_indices(d, d, device=device)
-    weight = torch.where(i == j, 1.0, math.sqrt(2.0)).to(device) / math.sqrt(2.0)
+    ones = torch.ones(i.shape, dtype=torch.float64, device=device)
+    weight = torch.where(i == j, ones / math.sqrt(2.0), ones)  # float64, cast to the input's dtype on use
     return i, j, weight
 
 
@@ -369,8 +440,12 @@ class TaylorKernel(LinearKernel):
     name = "taylor"
     paper = "Arora et al., ICML 2024, Simple linear attention language models (Based)"
 
+    def num_features(self) -> int:
+        d = self.shape.head_dim
+        return 1 + d + d * (d + 1) // 2
+
     def feature(self, x, pos, scaling):
         i, j, weight = _upper_triangle(x.shape[-1], x.device)
         xs = x * math.sqrt(scaling)
-        second = xs[..., i] * xs[..., j] * weight
+        second = xs[..., i] * xs[..., j] * weight.to(xs.dtype)
         return torch.cat([torch.ones_like(xs[..., :1]), xs, second], -1)

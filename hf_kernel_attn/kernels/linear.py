@@ -1,13 +1,17 @@
-"""Linear (feature-map) attention: the three evaluation orders of one formula.
+"""Linear (feature-map) attention: the evaluation orders of one formula.
 
     out_i = φ(q_i)ᵀ S_i / max(φ(q_i)ᵀ z_i, eps),  S_i = Σ_j w_ij φ(k_j) v_jᵀ,  z_i = Σ_j w_ij φ(k_j)
 
 with w_ij = 1 (j visible) or the decay γ^(i-j) (DiJiang), j ≤ i when causal
 (Katharopoulos et al., ICML 2020, "Transformers are RNNs").
 
-* :func:`bidirectional` — O(N): one global state.
-* :func:`causal_chunked` — exact quadratic form inside a chunk of ``chunk_size`` queries, a running
-  state across chunks; never builds an N×N matrix; fp32 accumulation.
+* :func:`scan` — the causal workhorse: exact quadratic form inside chunks of ``chunk_size`` positions,
+  a running state across chunks (updated in place), never an N×N matrix. The denominator rides along
+  as an extra all-ones value column, so one matmul gives both.
+* :func:`causal_chunked` — :func:`scan` on whole feature tensors, differentiable through
+  :class:`CausalScan`, whose backward is three more scans (gradients of causal linear attention are
+  causal/anti-causal linear attentions themselves), so nothing N-sized is saved beyond the inputs.
+* :func:`bidirectional` — O(N): one global state (two scans when there is a decay).
 * :func:`accumulate` — folds keys into a state (prefix keys, or one decode step).
 
 Shapes: ``fq`` ``[B, Hkv, G, N, F]`` (query heads grouped by KV head), ``fk`` ``[B, Hkv, M, F]``,
@@ -39,6 +43,17 @@ class LinearState:
         dtype = accum(fk).dtype
         return cls(fk.new_zeros(b, h, f, dv, dtype=dtype), fk.new_zeros(b, h, f, dtype=dtype))
 
+    def augmented(self) -> torch.Tensor:
+        """``[B·H, F, Dv + 1]``: S with z as its last column (the state of values extended by a 1)."""
+        b, h, f, dv = self.S.shape
+        return torch.cat([self.S, self.z.unsqueeze(-1)], -1).reshape(b * h, f, dv + 1)
+
+    @classmethod
+    def from_augmented(cls, s_aug: torch.Tensor, batch: int) -> LinearState:
+        bh, f, dv1 = s_aug.shape
+        s_aug = s_aug.view(batch, bh // batch, f, dv1)
+        return cls(s_aug[..., :-1], s_aug[..., -1])
+
 
 def _decay_powers(log_decay: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
     """γ^e per head: ``[H] x [...] -> [H, ...]`` computed as exp(e · ln γ) (never γ^(-m))."""
@@ -64,6 +79,131 @@ def accumulate(
     return LinearState(state.S * carry[..., None] + fkw.transpose(-1, -2) @ v, state.z * carry + fkw.sum(-2))
 
 
+class ChunkTables:
+    """Masks and decay factors for one chunk of ``length`` positions with ``gq`` query rows and ``gk``
+    key rows per position (rows ordered (position, group)).
+
+    ``intra[h, (t, g), (t', g')]`` = γ_h^(t - t') for t' ≤ t, else 0 (1 instead of γ^· without decay);
+    ``q_decay[h, (t, g)]`` = γ^t (how much the state at the chunk start has decayed by query t);
+    ``k_decay[h, (t', g')]`` = γ^(length - t') and ``carry[h]`` = γ^length (the state update).
+    """
+
+    def __init__(self, log_decay: torch.Tensor | None, length: int, gq: int, gk: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.length, self.gq, self.gk = length, gq, gk
+        idx = torch.arange(length, device=device, dtype=dtype)
+        tril = (idx[:, None] >= idx[None, :]).to(dtype)
+        if log_decay is None:
+            self.intra = tril.repeat_interleave(gq, 0).repeat_interleave(gk, 1)[None]
+            self.q_decay = self.k_decay = self.carry = None
+            return
+        log_decay = log_decay.to(device=device, dtype=dtype)
+        intra = _decay_powers(log_decay, (idx[:, None] - idx[None, :]).clamp_min(0)) * tril
+        self.intra = intra.repeat_interleave(gq, 1).repeat_interleave(gk, 2)  # [H, L·gq, L·gk]
+        self.q_decay = _decay_powers(log_decay, idx).repeat_interleave(gq, 1).unsqueeze(-1)
+        self.k_decay = _decay_powers(log_decay, length - idx).repeat_interleave(gk, 1).unsqueeze(-1)
+        self.carry = torch.exp(log_decay * length).view(-1, 1, 1)
+
+    def head_view(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B·H, r, c]`` -> ``[B, H, r, c]`` so that per-head tables broadcast."""
+        heads = self.intra.shape[0]
+        return x.view(-1, heads, *x.shape[1:]) if heads > 1 else x
+
+
+def scan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state: torch.Tensor,
+    *,
+    gq: int,
+    gk: int,
+    log_decay: torch.Tensor | None,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> torch.Tensor:
+    """Causal linear attention in 3-D layout; updates ``state`` in place to the state after the last key.
+
+    ``q`` ``[BH, N·gq, a]``, ``k`` ``[BH, N·gk, a]``, ``v`` ``[BH, N·gk, b]``, ``state`` ``[BH, a, b]``,
+    rows ordered (position, group); returns ``o`` ``[BH, N·gq, b]`` with
+    o_(t,g) = Σ_{t' ≤ t, g'} γ^(t-t') (q_(t,g)·k_(t',g')) v_(t',g') + γ^t q_(t,g) state.
+    """
+    n = k.shape[1] // gk
+    out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+    chunk = min(chunk_size, n)
+    tables = ChunkTables(log_decay, chunk, gq, gk, q.dtype, q.device) if n else None
+    for start in range(0, n, chunk):
+        length = min(chunk, n - start)
+        if length != tables.length:
+            tables = ChunkTables(log_decay, length, gq, gk, q.dtype, q.device)
+        qc = q[:, start * gq:(start + length) * gq]
+        kc = k[:, start * gk:(start + length) * gk]
+        vc = v[:, start * gk:(start + length) * gk]
+        scores = torch.bmm(qc, kc.transpose(1, 2))
+        tables.head_view(scores).mul_(tables.intra)
+        if tables.q_decay is None:
+            oc = torch.bmm(qc, state)
+        else:
+            oc = torch.bmm(qc, state)
+            tables.head_view(oc).mul_(tables.q_decay)  # (γ^t q) S = γ^t (q S)
+            tables.head_view(state).mul_(tables.carry)
+            kc = (tables.head_view(kc) * tables.k_decay).view_as(kc)
+        oc.baddbmm_(scores, vc)
+        out[:, start * gq:(start + length) * gq] = oc
+        state.baddbmm_(kc.transpose(1, 2), vc)
+    return out
+
+
+def _flip(x: torch.Tensor, group: int) -> torch.Tensor:
+    """Reverse the positions of a ``[BH, N·group, c]`` tensor, keeping each position's rows together."""
+    bh, rows, c = x.shape
+    return x.view(bh, rows // group, group, c).flip(1).reshape(bh, rows, c)
+
+
+class CausalScan(torch.autograd.Function):
+    """:func:`scan` with a recomputing backward. With o = scan(q, k, v; S₀) and S_N its final state:
+
+    * dq = scan(do, v, k; S₀ᵀ)  (causal);
+    * dk = flip scan(flip v, flip do, flip q; γ dS_Nᵀ), dv = flip scan(flip k, flip q, flip do; γ dS_N)
+      (anti-causal: the same weights γ^(t-t'), read backwards);
+    * dS₀ = Σ_t γ^t q_tᵀ do_t + γ^N dS_N.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, state0, gq, log_decay, chunk_size):
+        state = state0.clone()
+        out = scan(q, k, v, state, gq=gq, gk=1, log_decay=log_decay, chunk_size=chunk_size)
+        ctx.save_for_backward(q, k, v, state0)
+        ctx.gq, ctx.log_decay, ctx.chunk_size = gq, log_decay, chunk_size
+        return out, state
+
+    @staticmethod
+    def backward(ctx, d_out, d_state):
+        q, k, v, state0 = ctx.saved_tensors
+        gq, log_decay, chunk = ctx.gq, ctx.log_decay, ctx.chunk_size
+        kw = {"log_decay": log_decay, "chunk_size": chunk}
+        n = k.shape[1]
+        gamma = None if log_decay is None else torch.exp(log_decay.to(q.dtype)).repeat(q.shape[0] // log_decay.numel())
+        d_state_in = d_state if gamma is None else d_state * gamma.view(-1, 1, 1)  # γ dS_N
+        dq = dk = dv = ds0 = None
+        if ctx.needs_input_grad[0]:
+            dq = scan(d_out, v, k, state0.transpose(1, 2).contiguous(), gq=gq, gk=1, **kw)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            fq, fdo = _flip(q, gq), _flip(d_out, gq)
+            if ctx.needs_input_grad[1]:
+                dk = _flip(scan(_flip(v, 1), fdo, fq, d_state_in.transpose(1, 2).contiguous(), gq=1, gk=gq,
+                                **kw), 1)
+            if ctx.needs_input_grad[2]:
+                dv = _flip(scan(_flip(k, 1), fq, fdo, d_state_in.clone(), gq=1, gk=gq, **kw), 1)
+        if ctx.needs_input_grad[3]:
+            qw = q
+            if gamma is not None:
+                pos = torch.arange(n, device=q.device, dtype=q.dtype).repeat_interleave(gq)
+                qw = q * torch.exp(torch.log(gamma).view(-1, 1, 1) * pos.view(1, -1, 1))
+            carry = 1.0 if gamma is None else gamma.pow(n).view(-1, 1, 1)
+            ds0 = qw.transpose(1, 2) @ d_out + carry * d_state
+        return dq, dk, dv, ds0, None, None, None
+
+
 def causal_chunked(
     fq: torch.Tensor,
     fk: torch.Tensor,
@@ -74,37 +214,20 @@ def causal_chunked(
     chunk_size: int = DEFAULT_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor, LinearState]:
     """Causal numerator ``[B, H, G, N, Dv]`` and denominator ``[B, H, G, N]`` for N queries aligned with
-    N keys that follow the keys already folded into ``state``; returns the final state too."""
+    N keys that follow the keys already folded into ``state``; returns the final state too.
+    Differentiable in every input, the state included."""
     fq, fk, v = accum(fq), accum(fk), accum(v)
-    n = fq.shape[-2]
+    b, h, g, n, f = fq.shape
+    dv = v.shape[-1]
     if state is None:
-        state = LinearState.zeros(fk, v.shape[-1])
-    chunk_size = min(chunk_size, n)  # a decode step (n = 1) needs 1×1 tables, not C×C
-    nums, dens = [], []
-    tril_full = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=fq.device).tril()
-    if log_decay is not None:
-        idx = torch.arange(chunk_size, device=fq.device, dtype=fq.dtype)
-        diff = (idx[:, None] - idx[None, :]).clamp_min(0)
-        log_decay = log_decay.to(fq.dtype)
-        decay_full = _decay_powers(log_decay, diff) * tril_full  # [H, C, C]
-        q_decay_full = _decay_powers(log_decay, idx)  # [H, C]
-    for start in range(0, n, chunk_size):
-        end = min(start + chunk_size, n)
-        length = end - start
-        qc = fq[..., start:end, :]
-        kc = fk[:, :, start:end]
-        vc = v[:, :, start:end]
-        scores = qc @ kc.unsqueeze(2).transpose(-1, -2)  # [B, H, G, L, L]
-        if log_decay is None:
-            scores = scores * tril_full[:length, :length]
-            q_inter = qc
-        else:
-            scores = scores * decay_full[None, :, None, :length, :length]
-            q_inter = qc * q_decay_full[None, :, None, :length, None]
-        nums.append(scores @ vc.unsqueeze(2) + q_inter @ state.S.unsqueeze(2))
-        dens.append(scores.sum(-1) + (q_inter @ state.z[:, :, None, :, None]).squeeze(-1))
-        state = accumulate(kc, vc, state, log_decay)
-    return torch.cat(nums, -2), torch.cat(dens, -1), state
+        state = LinearState.zeros(fk, dv)
+    q3 = fq.transpose(2, 3).reshape(b * h, n * g, f)  # rows (position, query head in group)
+    k3 = fk.reshape(b * h, n, f)
+    v3 = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], -1).reshape(b * h, n, dv + 1)
+    decay = None if log_decay is None else log_decay.to(fq.dtype)
+    out, s_aug = CausalScan.apply(q3, k3, v3, state.augmented(), g, decay, chunk_size)
+    out = out.view(b, h, n, g, dv + 1).transpose(2, 3)
+    return out[..., :dv], out[..., dv], LinearState.from_augmented(s_aug, b)
 
 
 def bidirectional(

@@ -1,0 +1,179 @@
+"""The chunked causal scan, its hand-written backward and the blocked no-grad path, against brute force.
+
+The brute force here is the O(N²) double loop over positions written from the formula; gradients of the
+full kernels are compared with autograd through tests/reference.py in float64.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import reference as ref  # noqa: E402
+from test_kernels import LINEAR, SCALING, make_inputs, make_kernel, make_mask  # noqa: E402
+
+from hf_kernel_attn.kernels import feature_maps, linear  # noqa: E402
+
+f64 = torch.float64
+
+
+def brute_scan(q, k, v, s0, gq, gk, log_decay, heads):
+    """o_(t,g) = Σ_{t'≤t, g'} γ^(t-t') (q·k) v + γ^t q S₀; S_N = γ^N S₀ + Σ γ^(N-t') k vᵀ, by loops."""
+    bh = q.shape[0]
+    n = k.shape[1] // gk
+    gamma = torch.ones(bh, dtype=f64) if log_decay is None else log_decay.exp().repeat(bh // heads)
+    outs = []
+    for t in range(n):
+        for g in range(gq):
+            qi = q[:, t * gq + g]  # [BH, a]
+            acc = (gamma**t)[:, None] * torch.einsum("ba,bac->bc", qi, s0)
+            for tp in range(t + 1):
+                for gp in range(gk):
+                    kj, vj = k[:, tp * gk + gp], v[:, tp * gk + gp]
+                    acc = acc + (gamma ** (t - tp) * (qi * kj).sum(-1))[:, None] * vj
+            outs.append(acc)
+    final = (gamma**n)[:, None, None] * s0
+    for tp in range(n):
+        for gp in range(gk):
+            kj, vj = k[:, tp * gk + gp], v[:, tp * gk + gp]
+            final = final + (gamma ** (n - tp))[:, None, None] * kj[:, :, None] * vj[:, None, :]
+    return torch.stack(outs, 1), final
+
+
+def scan_inputs(n, gq, gk, heads=2, batch=2, a=4, b=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    bh = batch * heads
+    q = torch.randn(bh, n * gq, a, generator=gen, dtype=f64)
+    k = torch.randn(bh, n * gk, a, generator=gen, dtype=f64)
+    v = torch.randn(bh, n * gk, b, generator=gen, dtype=f64)
+    s0 = torch.randn(bh, a, b, generator=gen, dtype=f64)
+    return q, k, v, s0
+
+
+DECAYS = {"nodecay": None, "decay": torch.tensor([-0.05, -0.3], dtype=f64)}
+
+
+@pytest.mark.parametrize("decay", DECAYS, ids=list(DECAYS))
+@pytest.mark.parametrize("groups", [(1, 1), (3, 1), (1, 2)], ids=["g1", "gq3", "gk2"])
+@pytest.mark.parametrize("n,chunk", [(1, 4), (9, 4), (9, 64), (12, 4)], ids=["n1", "tail", "onechunk", "exact"])
+def test_scan_matches_brute_force(n, chunk, groups, decay):
+    gq, gk = groups
+    q, k, v, s0 = scan_inputs(n, gq, gk)
+    state = s0.clone()
+    out = linear.scan(q, k, v, state, gq=gq, gk=gk, log_decay=DECAYS[decay], chunk_size=chunk)
+    exp_out, exp_state = brute_scan(q, k, v, s0, gq, gk, DECAYS[decay], 2)
+    torch.testing.assert_close(out, exp_out, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(state, exp_state, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("decay", DECAYS, ids=list(DECAYS))
+@pytest.mark.parametrize("gq", [1, 3])
+def test_causal_scan_backward_matches_brute_force(gq, decay):
+    """Gradients of q, k, v and the initial state, from a loss on both the outputs and the final state."""
+    n, chunk = 11, 4
+    inputs = scan_inputs(n, gq, 1, seed=1)
+    gen = torch.Generator().manual_seed(2)
+    w_out = torch.randn(4, n * gq, 3, generator=gen, dtype=f64)
+    w_state = torch.randn(4, 4, 3, generator=gen, dtype=f64)
+    grads = []
+    for fn in ("scan", "brute"):
+        leaves = [t.clone().requires_grad_(True) for t in inputs]
+        if fn == "scan":
+            out, state = linear.CausalScan.apply(*leaves, gq, DECAYS[decay], chunk)
+        else:
+            out, state = brute_scan(*leaves, gq, 1, DECAYS[decay], 2)
+        ((out * w_out).sum() + (state * w_state).sum()).backward()
+        grads.append([t.grad for t in leaves])
+    for name, got, exp in zip("q k v state".split(), *grads, strict=True):
+        torch.testing.assert_close(got, exp, atol=1e-10, rtol=1e-10, msg=f"d{name}")
+
+
+def kernel_and_reference_grads(name, causal, n, m, padded, chunk):
+    kern = make_kernel(name, 4, 2, {"chunk_size": chunk}, max_positions=400).double()
+    q, k, v = make_inputs(2, 4, 2, n, m, dtype=f64, seed=3)
+    mask = make_mask(2, m, causal, pad=10) if padded else None
+    rows = ref.real_queries(2, n, m, causal, mask)
+    w = torch.randn(2, n, 4, v.shape[-1], dtype=f64, generator=torch.Generator().manual_seed(4))
+    grads = []
+    for fn in ("kernel", "reference"):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        kern.zero_grad()
+        if fn == "kernel":
+            out = kern(*leaves, key_mask=mask, causal=causal, scaling=SCALING)
+        else:
+            out = ref.reference(kern, *leaves, key_mask=mask, causal=causal, scaling=SCALING)
+        (out[rows] * w[rows]).sum().backward()
+        params = {p_name: p.grad.clone() for p_name, p in kern.named_parameters() if p.grad is not None}
+        grads.append({"q": leaves[0].grad, "k": leaves[1].grad, "v": leaves[2].grad, **params})
+    return grads
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
+@pytest.mark.parametrize("nm", [(40, 40), (9, 40)], ids=["N=M", "N<M"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("name", LINEAR)
+def test_kernel_gradients_match_reference(name, causal, nm, padded):
+    """Every linear kernel's gradients (q, k, v and its own parameters) equal autograd through the float64
+    reference: chunk 7 so the scan crosses chunks and ends on a partial one; N < M puts a prefix state
+    (which itself needs gradients) in front of the scan."""
+    got, expected = kernel_and_reference_grads(name, causal, *nm, padded, chunk=7)
+    assert got.keys() == expected.keys()
+    if name == "hedgehog":
+        assert {"weight_q", "bias_q", "weight_k", "bias_k"} <= got.keys()
+    for key in got:
+        torch.testing.assert_close(got[key], expected[key], atol=1e-9, rtol=1e-7, msg=f"d{key}")
+
+
+@pytest.fixture
+def tiny_blocks(monkeypatch):
+    """One chunk per block, so the no-grad causal path crosses many blocks."""
+    monkeypatch.setattr(feature_maps, "BLOCK_FEATURE_VALUES", 1)
+
+
+@pytest.mark.parametrize("name", LINEAR)
+def test_blocked_path_across_blocks(name, tiny_blocks):
+    kern = make_kernel(name, 4, 2, {"chunk_size": 7}, max_positions=400)
+    assert kern._block_length(8) == 7
+    q, k, v = make_inputs(2, 4, 2, 150, 150, seed=11)
+    mask = make_mask(2, 150, True, pad=10)
+    with torch.no_grad():
+        out = kern(q, k, v, key_mask=mask, causal=True, scaling=SCALING)
+    expected = ref.reference(kern, q, k, v, key_mask=mask, causal=True, scaling=SCALING)
+    rows = ref.real_queries(2, 150, 150, True, mask)
+    torch.testing.assert_close(out.double()[rows], expected[rows], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", LINEAR)
+def test_no_grad_and_grad_paths_agree(name):
+    """The blocked no-grad forward and the differentiable forward give the same outputs and states."""
+    kern = make_kernel(name, 6, 2, {"chunk_size": 16}, max_positions=400)
+    q, k, v = make_inputs(1, 6, 2, 100, 100, seed=5)
+    with torch.no_grad():
+        out_a, state_a = kern.forward_with_state(q, k, v, causal=True, scaling=SCALING)
+    q.requires_grad_(True)
+    out_b, state_b = kern.forward_with_state(q, k, v, causal=True, scaling=SCALING)
+    assert out_b.requires_grad
+    torch.testing.assert_close(out_a, out_b.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state_a.S, state_b.S.detach(), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(state_a.z, state_b.z.detach(), atol=1e-4, rtol=1e-5)
+
+
+def test_state_gradient_through_kernel():
+    """A loss on the returned state back-propagates into the keys and values that built it."""
+    kern = make_kernel("dijiang", 4, 2, {"chunk_size": 5}).double()
+    q, k, v = make_inputs(1, 4, 2, 12, 12, dtype=f64, seed=6)
+    k.requires_grad_(True)
+    v.requires_grad_(True)
+    _, state = kern.forward_with_state(q, k, v, causal=True, scaling=SCALING)
+    state.S.sum().backward()
+    fk = kern.feature_k(k.detach(), torch.arange(12), SCALING)
+    gamma = kern.log_gamma.exp()  # S = Σ_j γ^(N-j) φ(k_j) v_jᵀ  =>  dS/dv_j summed = γ^(N-j) Σ_f φ(k_j)_f
+    weights = gamma[:, None] ** torch.arange(12, 0, -1, dtype=f64)[None]
+    expected_dv = (weights[None, :, :, None] * fk.sum(-1, keepdim=True)).expand_as(v)
+    torch.testing.assert_close(v.grad, expected_dv, atol=1e-12, rtol=1e-10)
+    assert torch.isfinite(k.grad).all() and k.grad.abs().sum() > 0
