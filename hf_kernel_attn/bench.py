@@ -274,7 +274,7 @@ def _projection_width(kernel: Kernel) -> int:
     if kernel.name == "performer":
         return int(kernel.omega.shape[0])
     if kernel.name == "hedgehog":
-        return int(kernel.weight_q.shape[-1])
+        return 2 * int(kernel.weight_q.shape[-1])  # p and -p from one matmul with [W, -W]
     if kernel.name == "dijiang":
         return int(kernel.projection.shape[-1])
     return 0
