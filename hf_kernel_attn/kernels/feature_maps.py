@@ -96,6 +96,11 @@ class LinearKernel(Kernel):
             state = None
         return ungroup_output(linear.normalize(num, den, self.options.eps)).to(q.dtype), state
 
+    def closed_form(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> linear.ClosedForm | None:
+        """φ(q)·φ(k) as a function of cheaper vectors (``[B, Hq, N, d]`` / ``[B, Hkv, N, d]``), if the kernel
+        has one; the no-grad causal path then scores within chunks from it."""
+        return None
+
     def _needs_grad(self, q, k, v, state) -> bool:
         if not torch.is_grad_enabled():
             return False
@@ -139,8 +144,16 @@ class LinearKernel(Kernel):
             v3 = torch.cat([vb, vb.new_ones(b, hkv, length, 1)], -1).view(b * hkv, length, dv + 1)
             if s_aug is None:
                 s_aug = fk.new_zeros(b * hkv, f, dv + 1)
+            closed = self.closed_form(q[:, :, start:end], k[:, :, prefix + start:prefix + end], scaling)
+            if closed is not None:
+                closed.q = closed.q.view(b, hkv, g, length, -1).transpose(2, 3).reshape(b * hkv, length * g, -1)
+                closed.k = closed.k.reshape(b * hkv, length, -1)
+                if key_mask is not None:
+                    closed.key_weight = (key_mask[:, None, prefix + start:prefix + end].to(closed.k.dtype)
+                                         .expand(b, hkv, length).reshape(b * hkv, length))
             o = linear.scan(fq.transpose(2, 3).reshape(b * hkv, length * g, f), fk.reshape(b * hkv, length, f),
-                            v3, s_aug, gq=g, gk=1, log_decay=decay, chunk_size=self.options.chunk_size)
+                            v3, s_aug, gq=g, gk=1, log_decay=decay, chunk_size=self.options.chunk_size,
+                            closed_form=closed)
             o = o.view(b, hkv, length, g, dv + 1)
             res = o[..., :dv] / o[..., dv:].clamp_min(self.options.eps)
             out[:, start:end] = res.transpose(1, 2).reshape(b, length, hq, dv)
@@ -440,6 +453,11 @@ class HedgehogKernel(LinearKernel):
         return self._map(k, self.weight_k, self.bias_k, scaling)
 
 
+def _taylor_series(t: torch.Tensor) -> torch.Tensor:
+    """1 + t + t²/2, in place."""
+    return t.mul(0.5).add_(1.0).mul_(t).add_(1.0)
+
+
 @functools.cache
 def _upper_triangle(d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Index pairs i ≤ j and weights 1/√2 (diagonal) or 1 (off-diagonal pairs appear once, so they carry
@@ -462,8 +480,25 @@ class TaylorKernel(LinearKernel):
         d = self.shape.head_dim
         return 1 + d + d * (d + 1) // 2
 
+    def closed_form(self, q, k, scaling):
+        """φ(q)·φ(k) = 1 + t + t²/2 with t = q'·k', q' = s^1/2 q: D-dim dot products instead of F-dim."""
+        root = math.sqrt(scaling)
+        return linear.ClosedForm(accum(q) * root, accum(k) * root, _taylor_series)
+
     def feature(self, x, pos, scaling):
-        i, j, weight = _upper_triangle(x.shape[-1], x.device)
+        d = x.shape[-1]
         xs = x * math.sqrt(scaling)
-        second = xs[..., i] * xs[..., j] * weight.to(xs.dtype)
-        return torch.cat([torch.ones_like(xs[..., :1]), xs, second], -1)
+        if xs.requires_grad:
+            i, j, weight = _upper_triangle(d, x.device)
+            second = xs.index_select(-1, i) * xs.index_select(-1, j) * weight.to(xs.dtype)
+            return torch.cat([torch.ones_like(xs[..., :1]), xs, second], -1)
+        # no autograd: write the products row by row into one buffer (much faster than gathers)
+        out = xs.new_empty(*xs.shape[:-1], self.num_features())
+        out[..., 0] = 1.0
+        out[..., 1:d + 1] = xs
+        offset = d + 1
+        for r in range(d):
+            torch.mul(xs[..., r:r + 1], xs[..., r:], out=out[..., offset:offset + d - r])
+            out[..., offset].mul_(math.sqrt(0.5))  # the diagonal term x_r² carries 1/√2
+            offset += d - r
+        return out
