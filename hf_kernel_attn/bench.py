@@ -280,14 +280,15 @@ def _projection_width(kernel: Kernel) -> int:
     return 0
 
 
-def _chunked_causal_flops(n: int, c: int, f: int, dv: int, hq: int, hkv: int) -> float:
+def _chunked_causal_flops(n: int, c: int, f: int, dv: int, hq: int, hkv: int, score_dim: int | None = None) -> float:
     """Matmul FLOPs of :func:`linear.scan` for one sequence. Values carry an extra all-ones column (the
     denominator), so they are Dv + 1 wide. Per query head: the in-chunk scores (2·L²·F) and
     scores @ V (2·L²·(Dv + 1)) per chunk of length L, and φ(q) @ S (2·N·F·(Dv + 1)); per KV head the state
-    updates φ(k)ᵀ @ V (2·N·F·(Dv + 1))."""
+    updates φ(k)ᵀ @ V (2·N·F·(Dv + 1)). A kernel with a closed form (taylor) scores in-chunk pairs on
+    ``score_dim`` = D coordinates instead of F."""
     full, rest = divmod(n, c)
     sum_sq = full * c * c + rest * rest
-    per_q = 2.0 * sum_sq * (f + dv + 1) + 2.0 * n * f * (dv + 1)
+    per_q = 2.0 * sum_sq * ((score_dim or f) + dv + 1) + 2.0 * n * f * (dv + 1)
     per_kv = 2.0 * n * f * (dv + 1)
     return hq * per_q + hkv * per_kv
 
@@ -316,7 +317,8 @@ def estimate_flops(kernel: Kernel, n: int, *, batch: int = 1, causal: bool, back
         f = feature_dim(kernel)
         chunk = kernel.options.chunk_size
         if causal:
-            per_seq = _chunked_causal_flops(n, chunk, f, dv, hq, hkv)
+            closed = kernel.name == "taylor" and not backward  # the no-grad path scores from q·k
+            per_seq = _chunked_causal_flops(n, chunk, f, dv, hq, hkv, d if closed else None)
         elif kernel.log_decay() is not None:
             per_seq = 2 * _chunked_causal_flops(n, chunk, f, dv, hq, hkv)
         else:
