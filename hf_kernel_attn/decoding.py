@@ -10,8 +10,11 @@ from typing import Any
 
 import torch
 
-from .integration.cache import RecurrentStateCache, wants_state_cache
-from .integration.patching import patch
+from .integration.attention import KERNEL_ATTR
+from .integration.cache import RecurrentStateCache, RecurrentStateLayer, wants_state_cache
+from .integration.patching import attention_modules, patch
+from .kernels.base import accum
+from .kernels.linear import LinearState
 
 
 def new_cache(model: torch.nn.Module):
@@ -51,17 +54,52 @@ def cache_bytes_after(model, input_ids: torch.Tensor, new_tokens: int) -> int:
 
 
 @torch.no_grad()
+def synthetic_cache(model, context: int, *, batch: int = 1, seed: int = 0):
+    """The cache ``generate`` would hold after ``context`` tokens, filled with random content instead of
+    running the prefill: K/V ``[B, Hkv, context, D]`` for softmax-like layers, a random state S, z for
+    linear ones. Per-token decode cost depends only on these sizes, so long contexts can be timed
+    without a long (for softmax, quadratic) prefill."""
+    gen = torch.Generator().manual_seed(seed)
+    param = next(model.parameters())
+    cache = new_cache(model)
+    for idx, module in enumerate(attention_modules(model)):
+        kernel = getattr(module, KERNEL_ATTR, None)
+        if kernel is None:
+            raise ValueError("synthetic_cache needs a model patched with hf_kernel_attn (patch(model, kernel=...))")
+        hkv, d = kernel.shape.num_kv_heads, kernel.shape.head_dim
+        layer = cache.layers[idx] if isinstance(cache, RecurrentStateCache) else None
+        if isinstance(layer, RecurrentStateLayer):
+            f = kernel.num_features()
+            dtype = accum(param).dtype
+            s_mat = torch.rand(batch, hkv, f, d, generator=gen, dtype=dtype).to(param.device)
+            z = (1.0 + torch.rand(batch, hkv, f, generator=gen, dtype=dtype)).to(param.device)
+            layer.lazy_initialization(z, z)
+            layer.state = LinearState(s_mat, z)
+            layer.cumulative_length = context
+        else:
+            k, v = (torch.randn(batch, hkv, context, d, generator=gen).to(param.device, param.dtype) for _ in "kv")
+            cache.update(k, v, idx)
+    return cache
+
+
+@torch.no_grad()
 def decode_latency(model, context: int, *, steps: int = 8, warmup: int = 2, batch: int = 1,
-                   seed: int = 0) -> dict[str, Any]:
-    """Prefill ``context`` random tokens, then time ``steps`` single-token decode steps (median)."""
+                   seed: int = 0, synthetic: bool = False) -> dict[str, Any]:
+    """Prefill ``context`` random tokens (or, with ``synthetic``, build a random cache of that length:
+    :func:`synthetic_cache`), then time ``steps`` single-token decode steps (median)."""
     gen = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
-    ids = torch.randint(0, model.config.vocab_size, (batch, context), generator=gen).to(device)
-    cache = new_cache(model)
-    start = time.perf_counter()
-    out = model(ids, cache=cache, use_cache=True, logits_to_keep=1)
-    prefill = time.perf_counter() - start
-    token = out.logits[:, -1:].argmax(-1)
+    prefill = None
+    if synthetic:
+        cache = synthetic_cache(model, context, batch=batch, seed=seed)
+        token = torch.randint(0, model.config.vocab_size, (batch, 1), generator=gen).to(device)
+    else:
+        ids = torch.randint(0, model.config.vocab_size, (batch, context), generator=gen).to(device)
+        cache = new_cache(model)
+        start = time.perf_counter()
+        out = model(ids, cache=cache, use_cache=True, logits_to_keep=1)
+        prefill = time.perf_counter() - start
+        token = out.logits[:, -1:].argmax(-1)
     times = []
     for step in range(warmup + steps):
         start = time.perf_counter()
@@ -70,11 +108,11 @@ def decode_latency(model, context: int, *, steps: int = 8, warmup: int = 2, batc
             times.append(time.perf_counter() - start)
         token = out.logits[:, -1:].argmax(-1)
     return {"context": context, "prefill_s": prefill, "decode_ms": 1e3 * statistics.median(times),
-            "cache_bytes": cache_bytes(cache)}
+            "cache_bytes": cache_bytes(cache), "synthetic": synthetic}
 
 
 def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, steps: int = 8,
-                     progress=None) -> list[dict[str, Any]]:
+                     synthetic: bool = False, progress=None) -> list[dict[str, Any]]:
     """``decode_latency`` for every kernel and context; ``softmax`` (K/V cache) is always measured too.
     Adds ``ratio_vs_softmax`` (same context) and ``ratio_vs_shortest`` (same kernel, shortest context)."""
     kernels = ["softmax", *[k for k in kernels if k != "softmax"]]
@@ -82,7 +120,7 @@ def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, 
     for kernel in kernels:
         patch(model, kernel=kernel)
         for context in contexts:
-            row = {"kernel": kernel, **decode_latency(model, context, steps=steps)}
+            row = {"kernel": kernel, **decode_latency(model, context, steps=steps, synthetic=synthetic)}
             rows.append(row)
             if progress:
                 progress(row)

@@ -142,3 +142,34 @@ def test_decode_suite_reports_constant_state_and_growing_kv():
     grown = by[("softmax", 64)]["cache_bytes"] - by[("softmax", 16)]["cache_bytes"]
     assert grown == 48 * 2 * 2 * 2 * 16 * 4
     assert by[("softmax", 16)]["ratio_vs_softmax"] == 1.0 and by[("elu", 16)]["ratio_vs_shortest"] == 1.0
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "elu", "taylor", "hybrid"])
+def test_synthetic_cache_has_the_shapes_of_a_real_prefill(kernel):
+    """decode-bench --synthetic-cache: same sizes and length as a real prefill, and decoding continues."""
+    from hf_kernel_attn.decoding import cache_bytes, new_cache, synthetic_cache
+
+    model = tiny_llama("elu")
+    if kernel == "hybrid":
+        hf_kernel_attn.patch(model, kernel="softmax", layers={1: "elu"})
+    else:
+        hf_kernel_attn.patch(model, kernel=kernel)
+    ids = torch.randint(1, 97, (2, 40))
+    real = new_cache(model)
+    with torch.no_grad():
+        model(ids, cache=real, use_cache=True)
+        fake = synthetic_cache(model, 40, batch=2)
+        assert type(fake) is type(real) and fake.get_seq_length() == real.get_seq_length() == 40
+        assert cache_bytes(fake) == cache_bytes(real) > 0
+        out = model(ids[:, :1], cache=fake, use_cache=True)
+    assert out.logits.shape == (2, 1, 97) and torch.isfinite(out.logits).all()
+    assert fake.get_seq_length() == 41
+
+
+def test_synthetic_cache_needs_a_patched_model():
+    from hf_kernel_attn.decoding import synthetic_cache
+
+    model = tiny_llama("elu")
+    hf_kernel_attn.unpatch(model)
+    with pytest.raises(ValueError, match="patched"):
+        synthetic_cache(model, 8)

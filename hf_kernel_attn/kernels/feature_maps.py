@@ -488,17 +488,23 @@ class TaylorKernel(LinearKernel):
     def feature(self, x, pos, scaling):
         d = x.shape[-1]
         xs = x * math.sqrt(scaling)
-        if xs.requires_grad:
-            i, j, weight = _upper_triangle(d, x.device)
-            second = xs.index_select(-1, i) * xs.index_select(-1, j) * weight.to(xs.dtype)
-            return torch.cat([torch.ones_like(xs[..., :1]), xs, second], -1)
-        # no autograd: write the products row by row into one buffer (much faster than gathers)
-        out = xs.new_empty(*xs.shape[:-1], self.num_features())
-        out[..., 0] = 1.0
-        out[..., 1:d + 1] = xs
-        offset = d + 1
-        for r in range(d):
-            torch.mul(xs[..., r:r + 1], xs[..., r:], out=out[..., offset:offset + d - r])
-            out[..., offset].mul_(math.sqrt(0.5))  # the diagonal term x_r² carries 1/√2
-            offset += d - r
-        return out
+        rows = xs.numel() // d
+        if not xs.requires_grad and rows >= 256:
+            # no autograd, many rows: write the products row by row into one buffer (no gathers)
+            out = xs.new_empty(*xs.shape[:-1], self.num_features())
+            out[..., 0] = 1.0
+            out[..., 1:d + 1] = xs
+            offset = d + 1
+            for r in range(d):
+                torch.mul(xs[..., r:r + 1], xs[..., r:], out=out[..., offset:offset + d - r])
+                out[..., offset].mul_(math.sqrt(0.5))  # the diagonal term x_r² carries 1/√2
+                offset += d - r
+            return out
+        i, j, weight = _upper_triangle(d, x.device)
+        weight = weight.to(xs.dtype)
+        if rows <= 512:  # few rows (decoding): gather whole rows of xsᵀ, which is much faster than columns
+            xt = xs.reshape(rows, d).T.contiguous()
+            second = (xt.index_select(0, i) * xt.index_select(0, j) * weight[:, None]).T.reshape(*xs.shape[:-1], -1)
+        else:
+            second = xs.index_select(-1, i) * xs.index_select(-1, j) * weight
+        return torch.cat([torch.ones_like(xs[..., :1]), xs, second], -1)
