@@ -150,3 +150,19 @@ def test_cli_main_writes_json(tmp_path, capsys):
         assert "matplotlib is not installed" in text.err
     else:
         assert (tmp_path / "results.png").exists()
+
+
+def test_issue4_suite_script_runs_small(tmp_path):
+    """benchmarks/issue4_targets.sh with QUICK=1 (tiny sizes, no model): every bench part writes its rows."""
+    import json
+    import os
+    import subprocess
+
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "issue4_targets.sh")
+    env = {**os.environ, "QUICK": "1", "THREADS": "1"}
+    subprocess.run(["bash", script, str(tmp_path)], check=True, env=env, capture_output=True, timeout=300)
+    for name, backward in (("forward", False), ("backward", True), ("memory64k", False)):
+        rows = json.loads((tmp_path / f"{name}.json").read_text())["rows"]
+        ok = [r for r in rows if r["status"] == "ok"]
+        assert ok and all(r["backward"] is backward for r in ok)
+        assert {"elu", "hedgehog", "taylor"} <= {r["kernel"] for r in ok}

@@ -155,8 +155,8 @@ class LinearKernel(Kernel):
                             v3, s_aug, gq=g, gk=1, log_decay=decay, chunk_size=self.options.chunk_size,
                             closed_form=closed)
             o = o.view(b, hkv, length, g, dv + 1)
-            res = o[..., :dv] / o[..., dv:].clamp_min(self.options.eps)
-            out[:, start:end] = res.transpose(1, 2).reshape(b, length, hq, dv)
+            target = out[:, start:end].view(b, length, hkv, g, dv).transpose(1, 2)  # o's layout, out's memory
+            torch.div(o[..., :dv], o[..., dv:].clamp_min(self.options.eps), out=target)
         if s_aug is None:  # n == 0
             return out, state
         return out, linear.LinearState.from_augmented(s_aug, b)
