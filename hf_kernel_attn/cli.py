@@ -97,11 +97,13 @@ def _cmd_decode_bench(args: argparse.Namespace) -> int:
                                  + ("(synthetic cache)" if r["synthetic"] else f"(prefill {r['prefill_s']:.1f} s)"),
                                  flush=True),
     )
-    print("\n| kernel | context | ms/token | × softmax (K/V cache) | × own shortest context | cache MiB |")
-    print("|---|---|---|---|---|---|")
+    print("\n| kernel | context | ms/token | × softmax (K/V cache) | × own shortest context | cache MiB | "
+          "prefill tokens/s |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
+        rate = "–" if r["prefill_tokens_per_s"] is None else f"{r['prefill_tokens_per_s']:.0f}"
         print(f"| {r['kernel']} | {r['context']} | {r['decode_ms']:.2f} | {r['ratio_vs_softmax']:.2f} | "
-              f"{r['ratio_vs_shortest']:.2f} | {r['cache_bytes'] / 2**20:.1f} |")
+              f"{r['ratio_vs_shortest']:.2f} | {r['cache_bytes'] / 2**20:.1f} | {rate} |")
     if args.output:
         with open(args.output, "w") as f:
             json.dump({"machine": machine_info(torch.get_num_threads()), "rows": rows}, f, indent=1)

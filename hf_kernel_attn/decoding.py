@@ -107,8 +107,9 @@ def decode_latency(model, context: int, *, steps: int = 8, warmup: int = 2, batc
         if step >= warmup:
             times.append(time.perf_counter() - start)
         token = out.logits[:, -1:].argmax(-1)
-    return {"context": context, "prefill_s": prefill, "decode_ms": 1e3 * statistics.median(times),
-            "cache_bytes": cache_bytes(cache), "synthetic": synthetic}
+    return {"context": context, "prefill_s": prefill,
+            "prefill_tokens_per_s": None if prefill is None else batch * context / prefill,
+            "decode_ms": 1e3 * statistics.median(times), "cache_bytes": cache_bytes(cache), "synthetic": synthetic}
 
 
 def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, steps: int = 8,

@@ -142,6 +142,7 @@ def test_decode_suite_reports_constant_state_and_growing_kv():
     grown = by[("softmax", 64)]["cache_bytes"] - by[("softmax", 16)]["cache_bytes"]
     assert grown == 48 * 2 * 2 * 2 * 16 * 4
     assert by[("softmax", 16)]["ratio_vs_softmax"] == 1.0 and by[("elu", 16)]["ratio_vs_shortest"] == 1.0
+    assert by[("elu", 64)]["prefill_tokens_per_s"] == pytest.approx(64 / by[("elu", 64)]["prefill_s"])
 
 
 @pytest.mark.parametrize("kernel", ["softmax", "elu", "taylor", "hybrid"])
