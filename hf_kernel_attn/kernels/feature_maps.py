@@ -489,22 +489,52 @@ class TaylorKernel(LinearKernel):
         d = x.shape[-1]
         xs = x * math.sqrt(scaling)
         rows = xs.numel() // d
-        if not xs.requires_grad and rows >= 256:
-            # no autograd, many rows: write the products row by row into one buffer (no gathers)
-            out = xs.new_empty(*xs.shape[:-1], self.num_features())
-            out[..., 0] = 1.0
-            out[..., 1:d + 1] = xs
-            offset = d + 1
-            for r in range(d):
-                torch.mul(xs[..., r:r + 1], xs[..., r:], out=out[..., offset:offset + d - r])
-                out[..., offset].mul_(math.sqrt(0.5))  # the diagonal term x_r² carries 1/√2
-                offset += d - r
-            return out
+        if xs.requires_grad:
+            return TaylorFeatures.apply(xs)
+        if rows >= 256:
+            return _taylor_features(xs)
+        # few rows (decoding): gather whole rows of xsᵀ, much faster than gathering columns or looping
         i, j, weight = _upper_triangle(d, x.device)
-        weight = weight.to(xs.dtype)
-        if rows <= 512:  # few rows (decoding): gather whole rows of xsᵀ, which is much faster than columns
-            xt = xs.reshape(rows, d).T.contiguous()
-            second = (xt.index_select(0, i) * xt.index_select(0, j) * weight[:, None]).T.reshape(*xs.shape[:-1], -1)
-        else:
-            second = xs.index_select(-1, i) * xs.index_select(-1, j) * weight
-        return torch.cat([torch.ones_like(xs[..., :1]), xs, second], -1)
+        xt = xs.reshape(rows, d).T.contiguous()
+        second = (xt.index_select(0, i) * xt.index_select(0, j) * weight.to(xs.dtype)[:, None]).T
+        return torch.cat([torch.ones_like(xs[..., :1]), xs, second.reshape(*xs.shape[:-1], -1)], -1)
+
+
+def _taylor_features(xs: torch.Tensor) -> torch.Tensor:
+    """[1, x, u(x)] with u(x) the upper triangle of x xᵀ (diagonal × 1/√2), written row by row into one
+    buffer: ``u`` holds x_r · x[r:] for r = 0, 1, ..."""
+    d = xs.shape[-1]
+    out = xs.new_empty(*xs.shape[:-1], 1 + d + d * (d + 1) // 2)
+    out[..., 0] = 1.0
+    out[..., 1:d + 1] = xs
+    offset = d + 1
+    for r in range(d):
+        torch.mul(xs[..., r:r + 1], xs[..., r:], out=out[..., offset:offset + d - r])
+        out[..., offset].mul_(math.sqrt(0.5))
+        offset += d - r
+    return out
+
+
+class TaylorFeatures(torch.autograd.Function):
+    """:func:`_taylor_features` with a hand-written backward that saves only x (D values per row, not
+    the F = 2,145 features or autograd's gathered copies): for u_rj = w_rj x_r x_j (j ≥ r),
+    dx_r += Σ_j w_rj g_rj x_j and dx_j += w_rj g_rj x_r."""
+
+    @staticmethod
+    def forward(ctx, xs):
+        ctx.save_for_backward(xs)
+        return _taylor_features(xs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (xs,) = ctx.saved_tensors
+        d = xs.shape[-1]
+        dx = grad[..., 1:d + 1].clone()
+        offset = d + 1
+        for r in range(d):
+            g = grad[..., offset:offset + d - r].clone()
+            g[..., 0] *= math.sqrt(0.5)
+            dx[..., r] += (g * xs[..., r:]).sum(-1)
+            dx[..., r:].addcmul_(g, xs[..., r:r + 1])
+            offset += d - r
+        return dx
