@@ -112,16 +112,25 @@ def decode_latency(model, context: int, *, steps: int = 8, warmup: int = 2, batc
             "decode_ms": 1e3 * statistics.median(times), "cache_bytes": cache_bytes(cache), "synthetic": synthetic}
 
 
+DECODE_WARMUP = 2
+
+
 def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, steps: int = 8,
                      synthetic: bool = False, progress=None) -> list[dict[str, Any]]:
     """``decode_latency`` for every kernel and context; ``softmax`` (K/V cache) is always measured too.
+    cosformer gets ``horizon`` = the longest context when that exceeds the model's max positions.
     Adds ``ratio_vs_softmax`` (same context) and ``ratio_vs_shortest`` (same kernel, shortest context)."""
     kernels = ["softmax", *[k for k in kernels if k != "softmax"]]
     rows = []
+    longest = max(contexts) + steps + DECODE_WARMUP
     for kernel in kernels:
-        patch(model, kernel=kernel)
+        params = {}
+        if kernel == "cosformer" and longest > getattr(model.config, "max_position_embeddings", longest):
+            params["horizon"] = longest  # cosformer refuses positions past its horizon (default: max positions)
+        patch(model, kernel=kernel, **params)
         for context in contexts:
-            row = {"kernel": kernel, **decode_latency(model, context, steps=steps, synthetic=synthetic)}
+            row = {"kernel": kernel, "params": params,
+                   **decode_latency(model, context, steps=steps, warmup=DECODE_WARMUP, synthetic=synthetic)}
             rows.append(row)
             if progress:
                 progress(row)

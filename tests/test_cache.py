@@ -174,3 +174,15 @@ def test_synthetic_cache_needs_a_patched_model():
     hf_kernel_attn.unpatch(model)
     with pytest.raises(ValueError, match="patched"):
         synthetic_cache(model, 8)
+
+
+def test_decode_suite_extends_cosformer_horizon():
+    """Contexts past max_position_embeddings: cosformer gets a horizon covering them instead of failing."""
+    from hf_kernel_attn.decoding import run_decode_suite
+
+    model = tiny_llama("elu")
+    model.config.max_position_embeddings = 32
+    hf_kernel_attn.patch(model, kernel="elu")
+    rows = run_decode_suite(model, ["cosformer"], [40], steps=2, synthetic=True)
+    cos = next(r for r in rows if r["kernel"] == "cosformer")
+    assert cos["params"] == {"horizon": 44} and cos["decode_ms"] > 0

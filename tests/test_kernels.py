@@ -469,3 +469,21 @@ def test_gqa_head_mismatch():
     k = torch.randn(1, 2, 4, D)
     with pytest.raises(ValueError):
         kern(q, k, k, causal=True)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_cosformer_rejects_positions_beyond_horizon(causal):
+    """Past the horizon the cosine re-weighting turns negative: a clear error, not silent garbage."""
+    kern = make_kernel("cosformer", max_positions=32)
+    q, k, v = make_inputs(1, 4, 2, 33, 33)
+    with pytest.raises(ValueError, match="horizon M = 32.*horizon=33"):
+        kern(q, k, v, causal=causal, scaling=SCALING)
+    with torch.no_grad(), pytest.raises(ValueError, match="horizon"):
+        kern(q, k, v, causal=causal, scaling=SCALING)
+    check(make_kernel("cosformer", params={"horizon": 40}, max_positions=32), q, k, v, None, causal, SCALING)
+    # decoding: the step that would cross the horizon raises
+    kern = make_kernel("cosformer", max_positions=32)
+    _, state = kern.forward_with_state(q[:, :, :32], k[:, :, :32], v[:, :, :32], causal=True, scaling=SCALING)
+    with pytest.raises(ValueError, match="horizon"):
+        kern.forward_with_state(q[:, :, 32:], k[:, :, 32:], v[:, :, 32:], causal=True, scaling=SCALING,
+                                state=state, offset=32)

@@ -53,9 +53,13 @@ class LinearKernel(Kernel):
     def log_decay(self) -> torch.Tensor | None:
         return None
 
+    def check_positions(self, end: int) -> None:
+        """Raise if token positions up to ``end`` (exclusive) are outside what the feature map supports."""
+
     def features(self, q, k, scaling, offset=0):
         """φ(q) grouped by KV head and φ(k); query i sits at position offset + M - N + i."""
         n, m = q.shape[-2], k.shape[-2]
+        self.check_positions(offset + m)
         kpos = torch.arange(offset, offset + m, device=q.device)
         fq = self.feature_q(group_queries(accum(q), k.shape[1]), kpos[m - n:], scaling)
         fk = self.feature_k(accum(k), kpos, scaling)
@@ -121,6 +125,7 @@ class LinearKernel(Kernel):
         hkv, m, dv = k.shape[1], k.shape[-2], v.shape[-1]
         g = hq // hkv
         decay = self.log_decay()
+        self.check_positions(offset + m)
         kpos = torch.arange(offset, offset + m, device=q.device)
         prefix = m - n
         if prefix > 0:
@@ -216,6 +221,15 @@ class CosformerKernel(LinearKernel):
 
     def num_features(self) -> int:
         return 2 * self.shape.head_dim
+
+    def check_positions(self, end: int) -> None:
+        if end > self.horizon:
+            raise ValueError(
+                f"cosformer: {end} tokens exceed its horizon M = {self.horizon} (the model's max_position_embeddings "
+                "unless set); beyond M the weight cos(π/2 (i - j) / M) turns negative and the normaliser can vanish. "
+                f"Set the kernel option horizon to the longest context, e.g. patch(model, kernel='cosformer', "
+                f"horizon={end})"
+            )
 
     def feature(self, x, pos, scaling):
         theta = (math.pi / 2) * pos.to(x.dtype) / self.horizon
