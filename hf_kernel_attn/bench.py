@@ -269,12 +269,12 @@ def feature_dim(kernel: Kernel) -> int:
     return int(fk.shape[-1])
 
 
-def _projection_width(kernel: Kernel) -> int:
+def _projection_width(kernel: Kernel, backward: bool = False) -> int:
     """Columns of the learned/fixed projection a feature map applies to q and k (0 when elementwise)."""
     if kernel.name == "performer":
         return int(kernel.omega.shape[0])
-    if kernel.name == "hedgehog":
-        return 2 * int(kernel.weight_q.shape[-1])  # p and -p from one matmul with [W, -W]
+    if kernel.name == "hedgehog":  # p = xW; with autograd, p and -p come from one matmul with [W, -W]
+        return int(kernel.weight_q.shape[-1]) * (2 if backward else 1)
     if kernel.name == "dijiang":
         return int(kernel.projection.shape[-1])
     return 0
@@ -323,7 +323,7 @@ def estimate_flops(kernel: Kernel, n: int, *, batch: int = 1, causal: bool, back
             per_seq = 2 * _chunked_causal_flops(n, chunk, f, dv, hq, hkv)
         else:
             per_seq = 2.0 * (hkv + hq) * n * f * dv + 2.0 * hq * n * f
-        per_seq += 2.0 * n * d * _projection_width(kernel) * (hq + hkv)
+        per_seq += 2.0 * n * d * _projection_width(kernel, backward) * (hq + hkv)
         fwd = batch * per_seq
     else:  # skyformer (bidirectional only), after repeating K/V to the query heads
         opts = kernel.options

@@ -449,12 +449,17 @@ class HedgehogKernel(LinearKernel):
 
     @staticmethod
     def _map(x, w, b, scaling):
-        """p = s^1/2 x W + b and -p from one matmul with [W, -W], then a softmax over each half."""
+        """p = s^1/2 x W + b, then a softmax over each half of [p, -p]. With autograd, p and -p come from
+        one matmul with [W, -W]; without, -p is written next to p (half the matmul work)."""
         w, b = accum(w), accum(b)
         f = w.shape[-1]
-        p = x @ (torch.cat([w, -w], -1) * math.sqrt(scaling))
-        bias = torch.cat([b, -b], -1)[..., None, :]
-        p = p + bias if p.requires_grad else p.add_(bias)
+        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad):
+            p = x @ (torch.cat([w, -w], -1) * math.sqrt(scaling)) + torch.cat([b, -b], -1)[..., None, :]
+        else:
+            half = (x @ (w * math.sqrt(scaling))).add_(b[..., None, :])
+            p = half.new_empty(*half.shape[:-1], 2 * f)
+            p[..., :f] = half
+            torch.neg(half, out=p[..., f:])
         return torch.softmax(p.view(*p.shape[:-1], 2, f), -1).view(p.shape)
 
     def feature_q(self, q, pos, scaling):
