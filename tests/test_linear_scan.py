@@ -71,6 +71,26 @@ def test_scan_matches_brute_force(n, chunk, groups, decay):
     torch.testing.assert_close(state, exp_state, atol=1e-10, rtol=1e-10)
 
 
+def flip_positions(x, group):
+    bh, rows, c = x.shape
+    return x.view(bh, rows // group, group, c).flip(1).reshape(bh, rows, c)
+
+
+@pytest.mark.parametrize("decay", DECAYS, ids=list(DECAYS))
+@pytest.mark.parametrize("groups", [(1, 1), (3, 1), (1, 3)], ids=["g1", "gq3", "gk3"])
+@pytest.mark.parametrize("n,chunk", [(1, 4), (9, 4), (12, 4)], ids=["n1", "tail", "exact"])
+def test_reverse_scan_is_the_flipped_scan(n, chunk, groups, decay):
+    """reverse=True equals flipping every input's positions, the brute-force scan, and flipping back."""
+    gq, gk = groups
+    q, k, v, s0 = scan_inputs(n, gq, gk, seed=7)
+    state = s0.clone()
+    out = linear.scan(q, k, v, state, gq=gq, gk=gk, log_decay=DECAYS[decay], chunk_size=chunk, reverse=True)
+    exp_out, exp_state = brute_scan(flip_positions(q, gq), flip_positions(k, gk), flip_positions(v, gk), s0, gq, gk,
+                                    DECAYS[decay], 2)
+    torch.testing.assert_close(out, flip_positions(exp_out, gq), atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(state, exp_state, atol=1e-10, rtol=1e-10)
+
+
 @pytest.mark.parametrize("decay", DECAYS, ids=list(DECAYS))
 @pytest.mark.parametrize("gq", [1, 3])
 def test_causal_scan_backward_matches_brute_force(gq, decay):

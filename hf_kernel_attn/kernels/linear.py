@@ -90,8 +90,15 @@ class ChunkTables:
     """
 
     def __init__(self, log_decay: torch.Tensor | None, length: int, gq: int, gk: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, reverse: bool = False):
         self.length, self.gq, self.gk = length, gq, gk
+        if reverse:  # the tables of the time-reversed chunk: every per-position table read backwards
+            fwd = ChunkTables(log_decay, length, gq, gk, dtype, device)
+            self.intra = fwd.intra.flip(-1, -2)
+            self.carry = fwd.carry
+            self.q_decay = None if fwd.q_decay is None else fwd.q_decay.flip(-2)
+            self.k_decay = None if fwd.k_decay is None else fwd.k_decay.flip(-2)
+            return
         idx = torch.arange(length, device=device, dtype=dtype)
         tril = (idx[:, None] >= idx[None, :]).to(dtype)
         if log_decay is None:
@@ -133,6 +140,7 @@ def scan(
     log_decay: torch.Tensor | None,
     chunk_size: int = DEFAULT_CHUNK,
     closed_form: ClosedForm | None = None,
+    reverse: bool = False,
 ) -> torch.Tensor:
     """Causal linear attention in 3-D layout; updates ``state`` in place to the state after the last key.
 
@@ -142,15 +150,22 @@ def scan(
 
     With ``closed_form`` the in-chunk scores q·k come from ``closed_form.fn(q' k'ᵀ)`` on the (smaller)
     ``closed_form.q`` / ``.k`` instead of the features (Taylor: 1 + t + t²/2 from D-dim dot products).
+
+    ``reverse`` runs the same recurrence backwards in time (anti-causal): o_(t,g) sums t' ≥ t with
+    γ^(t'-t), plus γ^(N-1-t) q state; equal to flipping the positions of every input, scanning and
+    flipping back, without the copies. Chunks are then aligned to the end of the sequence.
     """
     n = k.shape[1] // gk
     out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
     chunk = min(chunk_size, n)
-    tables = ChunkTables(log_decay, chunk, gq, gk, q.dtype, q.device) if n else None
-    for start in range(0, n, chunk):
-        length = min(chunk, n - start)
+    tables = ChunkTables(log_decay, chunk, gq, gk, q.dtype, q.device, reverse) if n else None
+    if reverse:
+        starts = [(max(0, end - chunk), min(chunk, end)) for end in range(n, 0, -chunk)]
+    else:
+        starts = [(start, min(chunk, n - start)) for start in range(0, n, chunk)]
+    for start, length in starts:
         if length != tables.length:
-            tables = ChunkTables(log_decay, length, gq, gk, q.dtype, q.device)
+            tables = ChunkTables(log_decay, length, gq, gk, q.dtype, q.device, reverse)
         qc = q[:, start * gq:(start + length) * gq]
         kc = k[:, start * gk:(start + length) * gk]
         vc = v[:, start * gk:(start + length) * gk]
@@ -175,18 +190,12 @@ def scan(
     return out
 
 
-def _flip(x: torch.Tensor, group: int) -> torch.Tensor:
-    """Reverse the positions of a ``[BH, N·group, c]`` tensor, keeping each position's rows together."""
-    bh, rows, c = x.shape
-    return x.view(bh, rows // group, group, c).flip(1).reshape(bh, rows, c)
-
-
 class CausalScan(torch.autograd.Function):
     """:func:`scan` with a recomputing backward. With o = scan(q, k, v; S₀) and S_N its final state:
 
     * dq = scan(do, v, k; S₀ᵀ)  (causal);
-    * dk = flip scan(flip v, flip do, flip q; γ dS_Nᵀ), dv = flip scan(flip k, flip q, flip do; γ dS_N)
-      (anti-causal: the same weights γ^(t-t'), read backwards);
+    * dk = scan(v, do, q; γ dS_Nᵀ) and dv = scan(k, q, do; γ dS_N), both run in reverse (anti-causal: the
+      same weights γ^(t'-t), read backwards);
     * dS₀ = Σ_t γ^t q_tᵀ do_t + γ^N dS_N.
     """
 
@@ -208,14 +217,14 @@ class CausalScan(torch.autograd.Function):
         d_state_in = d_state if gamma is None else d_state * gamma.view(-1, 1, 1)  # γ dS_N
         dq = dk = dv = ds0 = None
         if ctx.needs_input_grad[0]:
-            dq = scan(d_out, v, k, state0.transpose(1, 2).contiguous(), gq=gq, gk=1, **kw)
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            fq, fdo = _flip(q, gq), _flip(d_out, gq)
-            if ctx.needs_input_grad[1]:
-                dk = _flip(scan(_flip(v, 1), fdo, fq, d_state_in.transpose(1, 2).contiguous(), gq=1, gk=gq,
-                                **kw), 1)
-            if ctx.needs_input_grad[2]:
-                dv = _flip(scan(_flip(k, 1), fq, fdo, d_state_in.clone(), gq=1, gk=gq, **kw), 1)
+            dq = scan(d_out, v, k, state0.transpose(1, 2).clone(memory_format=torch.contiguous_format), gq=gq,
+                      gk=1, **kw)
+        if ctx.needs_input_grad[1]:
+            dk = scan(v, d_out, q, d_state_in.transpose(1, 2).clone(memory_format=torch.contiguous_format),
+                      gq=1, gk=gq, reverse=True, **kw)
+        if ctx.needs_input_grad[2]:
+            dv = scan(k, q, d_out, d_state_in.clone(memory_format=torch.contiguous_format), gq=1, gk=gq,
+                      reverse=True, **kw)
         if ctx.needs_input_grad[3]:
             qw = q
             if gamma is not None:
