@@ -293,6 +293,17 @@ def _chunked_causal_flops(n: int, c: int, f: int, dv: int, hq: int, hkv: int, sc
     return hq * per_q + hkv * per_kv
 
 
+def _quadratic_causal_flops(n: int, batch: int, hq: int, d: int, dv: int) -> float:
+    """Matmul FLOPs of the closed-form causal quadratic path (taylor, short sequences): each block of L
+    queries scores the keys up to its end E (2·L·E·d) and multiplies by V with its ones column
+    (2·L·E·(Dv + 1)), per query head."""
+    from .kernels.feature_maps import QUADRATIC_SCORE_VALUES
+
+    block = min(n, max(1, QUADRATIC_SCORE_VALUES // max(1, batch * hq * n)))
+    pairs = sum((min(s + block, n) - s) * min(s + block, n) for s in range(0, n, block))
+    return hq * 2.0 * pairs * (d + dv + 1)
+
+
 def estimate_flops(kernel: Kernel, n: int, *, batch: int = 1, causal: bool, backward: bool = False) -> float:
     """Estimated matmul FLOPs of one call on ``batch`` sequences of ``n`` tokens (self-attention).
 
@@ -316,8 +327,11 @@ def estimate_flops(kernel: Kernel, n: int, *, batch: int = 1, causal: bool, back
     elif kind == "linear":
         f = feature_dim(kernel)
         chunk = kernel.options.chunk_size
-        if causal:
-            closed = kernel.name == "taylor" and not backward  # the no-grad path scores from q·k
+        closed = kernel.name == "taylor" and not backward  # the no-grad path scores from q·k
+        meta = [torch.empty(batch, h, n, d, device="meta") for h in (hq, hkv, hkv)]
+        if causal and closed and kernel._quadratic_is_cheaper(*meta, False):
+            per_seq = _quadratic_causal_flops(n, batch, hq, d, dv)
+        elif causal:
             per_seq = _chunked_causal_flops(n, chunk, f, dv, hq, hkv, d if closed else None)
         elif kernel.log_decay() is not None:
             per_seq = 2 * _chunked_causal_flops(n, chunk, f, dv, hq, hkv)

@@ -453,6 +453,8 @@ def test_unknown_option(name):
         ("cosformer", {"horizon": 0}),
         ("hedgehog", {"feature_dim": 0}),
         ("dijiang", {"decay": "yes"}),
+        ("taylor", {"quadratic_below": -1}),
+        ("taylor", {"quadratic_below": 2.0}),
     ]
     + [(name, {"chunk_size": 0}) for name in LINEAR]
     + [(name, {"chunk_size": 2.5}) for name in LINEAR[:1]]
@@ -487,3 +489,35 @@ def test_cosformer_rejects_positions_beyond_horizon(causal):
     with pytest.raises(ValueError, match="horizon"):
         kern.forward_with_state(q[:, :, 32:], k[:, :, 32:], v[:, :, 32:], causal=True, scaling=SCALING,
                                 state=state, offset=32)
+
+
+@pytest.mark.parametrize("quadratic_below", [0, 10**6], ids=["scan", "quadratic"])
+@pytest.mark.parametrize("heads", [(4, 2), (3, 3)], ids=["gqa", "mha"])
+def test_taylor_quadratic_and_scan_paths(quadratic_below, heads):
+    """Both causal evaluation orders of taylor (forced by quadratic_below) against the reference, the
+    state each returns, and decoding continued from it."""
+    hq, hkv = heads
+    kern = make_kernel("taylor", hq, hkv, {"chunk_size": 7, "quadratic_below": quadratic_below}, max_positions=400)
+    assert kern._quadratic_is_cheaper(*make_inputs(1, hq, hkv, 150, 150), True) == bool(quadratic_below)
+    q, k, v = make_inputs(2, hq, hkv, 154, 154, seed=21)
+    mask = make_mask(2, 154, True, pad=10)
+    with torch.no_grad():
+        check(kern, q[:, :, :150], k[:, :, :150], v[:, :, :150], mask[:, :150], True, SCALING)
+        out, state = kern.forward_with_state(q[:, :, :150], k[:, :, :150], v[:, :, :150], key_mask=mask[:, :150],
+                                             causal=True, scaling=SCALING)
+        steps = [out]
+        for pos in range(150, 154):
+            sl = slice(pos, pos + 1)
+            step, state = kern.forward_with_state(q[:, :, sl], k[:, :, sl], v[:, :, sl], key_mask=mask[:, sl],
+                                                  causal=True, scaling=SCALING, state=state, offset=pos)
+            steps.append(step)
+    expected = ref.reference(kern, q, k, v, key_mask=mask, causal=True, scaling=SCALING)
+    rows = ref.real_queries(2, 154, 154, True, mask)
+    torch.testing.assert_close(torch.cat(steps, 1).double()[rows], expected[rows], atol=ATOL, rtol=RTOL)
+
+
+def test_taylor_cost_model_picks_quadratic_for_short_sequences():
+    kern = make_kernel("taylor", 8, 8, head_dim=64, max_positions=65536)
+    short, long = (torch.zeros(1, 8, n, 64) for n in (1024, 16384))
+    assert kern._quadratic_is_cheaper(short, short, short, False)
+    assert not kern._quadratic_is_cheaper(long, long, long, False)

@@ -20,6 +20,7 @@ from . import linear
 from .base import Kernel, KernelOptions, LayerShape, accum, group_queries, one_of, positive, ungroup_output
 
 BLOCK_FEATURE_VALUES = 1 << 18  # 1 MiB of fp32 features per block: measured fastest on CPU
+QUADRATIC_SCORE_VALUES = 1 << 21  # scores per query block of the quadratic form (8 MiB in fp32)
 
 
 @dataclasses.dataclass
@@ -67,7 +68,7 @@ class LinearKernel(Kernel):
 
     def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0, state=None, offset=0):
         out, _ = self.forward_with_state(q, k, v, key_mask=key_mask, causal=causal, scaling=scaling,
-                                         state=state, offset=offset)
+                                         state=state, offset=offset, need_state=False)
         return out
 
     def num_features(self) -> int:
@@ -75,13 +76,16 @@ class LinearKernel(Kernel):
         return self.shape.head_dim
 
     def forward_with_state(
-        self, q, k, v, *, key_mask=None, causal=True, scaling=None, state=None, offset=0
+        self, q, k, v, *, key_mask=None, causal=True, scaling=None, state=None, offset=0, need_state=True
     ) -> tuple[torch.Tensor, linear.LinearState | None]:
         """Like ``forward``; with ``causal`` also returns the state after the last key (``state`` = the
-        keys before these, ``offset`` = how many there were)."""
+        keys before these, ``offset`` = how many there were). ``need_state=False`` allows returning None
+        instead, when a cheaper evaluation order has no state."""
         self.check_inputs(q, k, v, causal)
         scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
         if causal and not self._needs_grad(q, k, v, state):
+            if state is None and q.shape[-2] == k.shape[-2] and self._quadratic_is_cheaper(q, k, v, need_state):
+                return self._causal_quadratic(q, k, v, key_mask, scaling, offset, need_state)
             return self._causal_blocked(q, k, v, key_mask, scaling, state, offset)
         fq, fk = self.features(q, k, scaling, offset)
         if key_mask is not None:
@@ -117,6 +121,63 @@ class LinearKernel(Kernel):
         """Positions per block of the no-grad causal path: about BLOCK_FEATURE_VALUES features, whole chunks."""
         chunk = self.options.chunk_size
         return max(chunk, BLOCK_FEATURE_VALUES // max(1, rows * self.num_features()) // chunk * chunk)
+
+    def _quadratic_is_cheaper(self, q, k, v, need_state) -> bool:
+        """For a kernel with a closed form: is the causal quadratic form (no features for the queries, none
+        for the keys unless a state is wanted) less matmul work than the chunked scan? Per query row,
+        quadratic ≈ N·(d + Dv + 1) (causal half); the scan ≈ 2·C·(d + Dv + 1) + 2·F·(Dv + 1)·(1 + 1/G);
+        the state adds 2·F·(Dv + 1)/G. The kernel option ``quadratic_below`` overrides this."""
+        if type(self).closed_form is LinearKernel.closed_form or self.log_decay() is not None:
+            return False
+        n, d, dv, g = q.shape[-2], q.shape[-1], v.shape[-1], q.shape[1] // k.shape[1]
+        fixed = getattr(self.options, "quadratic_below", None)
+        if fixed is not None:
+            return n <= fixed
+        f, c = self.num_features(), min(self.options.chunk_size, n)
+        quadratic = n * (d + dv + 1) + (2 * f * (dv + 1) / g if need_state else 0)
+        return quadratic < 2 * c * (d + dv + 1) + 2 * f * (dv + 1) * (1 + 1 / g)
+
+    def _causal_quadratic(self, q, k, v, key_mask, scaling, offset, need_state):
+        """Causal attention straight from the closed form, a block of queries at a time against the keys
+        up to the block's end (never an N×N matrix); the state, if wanted, from the key features."""
+        b, hq, n, _ = q.shape
+        hkv, dv = k.shape[1], v.shape[-1]
+        g = hq // hkv
+        self.check_positions(offset + n)
+        closed = self.closed_form(q, k, scaling)
+        qp = closed.q.view(b, hkv, g, n, -1).transpose(2, 3).reshape(b * hkv, n * g, -1)
+        kp = closed.k.reshape(b * hkv, n, -1)
+        weight = None if key_mask is None else (
+            key_mask[:, None].to(kp.dtype).expand(b, hkv, n).reshape(b * hkv, n))
+        vb = accum(v)
+        v3 = torch.cat([vb, vb.new_ones(b, hkv, n, 1)], -1).view(b * hkv, n, dv + 1)
+        out = q.new_empty(b, n, hq, dv)
+        block = min(n, max(1, QUADRATIC_SCORE_VALUES // max(1, b * hq * n)))
+        tril = torch.ones(block, block, dtype=qp.dtype, device=qp.device).tril().repeat_interleave(g, 0)
+        for start in range(0, n, block):
+            end = min(start + block, n)
+            length = end - start
+            scores = closed.fn(torch.bmm(qp[:, start * g:end * g], kp[:, :end].transpose(1, 2)))
+            scores[:, :, start:end].mul_(tril[:length * g, :length])
+            if weight is not None:
+                scores.mul_(weight[:, None, :end])
+            o = torch.bmm(scores, v3[:, :end]).view(b, hkv, length, g, dv + 1)
+            target = out[:, start:end].view(b, length, hkv, g, dv).transpose(1, 2)
+            torch.div(o[..., :dv], o[..., dv:].clamp_min(self.options.eps), out=target)
+        if not need_state:
+            return out, None
+        kpos = torch.arange(offset, offset + n, device=q.device)
+        s_aug = None
+        for start in range(0, n, self._block_length(b * hkv)):
+            end = min(start + self._block_length(b * hkv), n)
+            fk = self.feature_k(accum(k[:, :, start:end]), kpos[start:end], scaling)
+            if key_mask is not None:
+                fk = fk * key_mask[:, None, start:end, None].to(fk.dtype)
+            fk = fk.reshape(b * hkv, end - start, -1)
+            if s_aug is None:
+                s_aug = fk.new_zeros(b * hkv, fk.shape[-1], dv + 1)
+            s_aug.baddbmm_(fk.transpose(1, 2), v3[:, start:end])
+        return out, linear.LinearState.from_augmented(s_aug, b)
 
     def _causal_blocked(self, q, k, v, key_mask, scaling, state, offset):
         """The causal forward without autograd, one block of positions at a time: features, scan,
@@ -487,12 +548,25 @@ def _upper_triangle(d: int, device: torch.device) -> tuple[torch.Tensor, torch.T
     return i, j, weight
 
 
+@dataclasses.dataclass
+class TaylorOptions(LinearOptions):
+    quadratic_below: int | None = None  # causal, no grad: quadratic form up to this N; None = by matmul cost
+
+    def validate(self) -> None:
+        super().validate()
+        if self.quadratic_below is not None and (isinstance(self.quadratic_below, bool)
+                                                 or not isinstance(self.quadratic_below, int)
+                                                 or self.quadratic_below < 0):
+            raise ValueError(f"quadratic_below must be an integer >= 0 or None, got {self.quadratic_below!r}")
+
+
 class TaylorKernel(LinearKernel):
     """Second-order Taylor map φ(x) = [1, s^1/2 x, s/√2 · u(x)] with u(x)·u(y) = (x·y)² (upper
     triangle of xxᵀ, off-diagonal terms × √2), so φ(q)·φ(k) = 1 + t + t²/2 with t = s q·k
     (Arora et al., ICML 2024, Based; Keles et al. 2023)."""
 
     name = "taylor"
+    options_cls = TaylorOptions
     paper = "Arora et al., ICML 2024, Simple linear attention language models (Based)"
 
     def num_features(self) -> int:
