@@ -21,6 +21,9 @@ from .base import Kernel, KernelOptions, LayerShape, accum, group_queries, one_o
 
 BLOCK_FEATURE_VALUES = 1 << 18  # 1 MiB of fp32 features per block: measured fastest on CPU
 QUADRATIC_SCORE_VALUES = 1 << 21  # scores per query block of the quadratic form (8 MiB in fp32)
+# the scan's small per-chunk matmuls reach ~57 % of the GFLOP/s of the quadratic form's large ones (taylor,
+# 2 CPU cores, MHA and GQA), so a FLOP of scan work counts 1.75×: measured crossovers ≈ 5k (G = 3), ≈ 8k (G = 1)
+SCAN_COST_FACTOR = 1.75
 
 
 @dataclasses.dataclass
@@ -125,8 +128,9 @@ class LinearKernel(Kernel):
     def _quadratic_is_cheaper(self, q, k, v, need_state) -> bool:
         """For a kernel with a closed form: is the causal quadratic form (no features for the queries, none
         for the keys unless a state is wanted) less matmul work than the chunked scan? Per query row,
-        quadratic ≈ N·(d + Dv + 1) (causal half); the scan ≈ 2·C·(d + Dv + 1) + 2·F·(Dv + 1)·(1 + 1/G);
-        the state adds 2·F·(Dv + 1)/G. The kernel option ``quadratic_below`` overrides this."""
+        quadratic ≈ N·(d + Dv + 1) (causal half); the scan ≈ 2·C·(d + Dv + 1) + 2·F·(Dv + 1)·(1 + 1/G),
+        weighted by SCAN_COST_FACTOR; the state adds 2·F·(Dv + 1)/G. The option ``quadratic_below``
+        overrides this."""
         if type(self).closed_form is LinearKernel.closed_form or self.log_decay() is not None:
             return False
         n, d, dv, g = q.shape[-2], q.shape[-1], v.shape[-1], q.shape[1] // k.shape[1]
@@ -135,7 +139,7 @@ class LinearKernel(Kernel):
             return n <= fixed
         f, c = self.num_features(), min(self.options.chunk_size, n)
         quadratic = n * (d + dv + 1) + (2 * f * (dv + 1) / g if need_state else 0)
-        return quadratic < 2 * c * (d + dv + 1) + 2 * f * (dv + 1) * (1 + 1 / g)
+        return quadratic < SCAN_COST_FACTOR * (2 * c * (d + dv + 1) + 2 * f * (dv + 1) * (1 + 1 / g))
 
     def _causal_quadratic(self, q, k, v, key_mask, scaling, offset, need_state):
         """Causal attention straight from the closed form, a block of queries at a time against the keys
