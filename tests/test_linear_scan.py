@@ -203,3 +203,23 @@ def test_taylor_feature_backward_gradcheck():
     """The hand-written backward of the Taylor feature map against finite differences."""
     xs = torch.randn(2, 3, 5, dtype=f64, requires_grad=True)
     assert torch.autograd.gradcheck(feature_maps.TaylorFeatures.apply, (xs,))
+
+
+@pytest.mark.parametrize("is_query", [True, False], ids=["query", "key"])
+def test_performer_feature_backward_gradcheck(is_query):
+    """The hand-written FAVOR+ feature backward against finite differences; for keys, one exponent sits
+    above the cap of 60 (a long ω row and x along it), where the feature is flat."""
+    gen = torch.Generator().manual_seed(8)
+    omega = torch.randn(7, 4, generator=gen, dtype=f64)
+    x = torch.randn(3, 5, 4, generator=gen, dtype=f64)
+    if not is_query:
+        omega[0] = 12 * omega[0] / omega[0].norm()  # max over x of ω₀ᵀx - s||x||²/2 is 144 at x = 24 ω̂₀
+        x[0, 0] = 24 * omega[0] / omega[0].norm()
+        _, uncapped = feature_maps._positive_random_features(x, omega, 0.5, False, 7, 1e-3)
+        assert not uncapped[0, 0, 0] and uncapped.sum() > 0
+    x.requires_grad_(True)
+
+    def fn(t):
+        return feature_maps.PositiveRandomFeatures.apply(t, omega, 0.5, is_query, 7, 1e-3)
+
+    assert torch.autograd.gradcheck(fn, (x,))

@@ -374,31 +374,19 @@ class PerformerKernel(LinearKernel):
     def num_features(self) -> int:
         return int(self.omega.shape[0])
 
-    def _exponent(self, x, scaling):
-        """ω'ᵀx with ω' = s^1/2 ω, i.e. ωᵀx' (the ||x'||²/2 term is applied by the callers)."""
-        return x @ (accum(self.omega) * math.sqrt(scaling)).T
-
     def feature_q(self, q, pos, scaling):
         # the row max of ωᵀx' - ||x'||²/2 is max(ωᵀx') - ||x'||²/2, so the norm term cancels
-        p = self._exponent(q, scaling)
-        return self._positive(p, p.amax(-1, keepdim=True), None)
+        return self._features(q, scaling, is_query=True)
 
     def feature_k(self, k, pos, scaling):
-        return self._positive(self._exponent(k, scaling), k.pow(2).sum(-1, keepdim=True) * (scaling / 2), 60.0)
+        return self._features(k, scaling, is_query=False)
 
-    def _positive(self, p, shift, cap):
-        """m^-1/2 (exp(min(p - shift, cap)) + ε), as exp(min(p - shift + ln c, cap + ln c)) + c ε with
-        c = m^-1/2; in place when autograd does not need the intermediates."""
-        log_c = -0.5 * math.log(self.omega.shape[0])
-        shift = shift - log_c
-        eps = self.options.feature_eps * math.exp(log_c)
-        if p.requires_grad:
-            p = p - shift
-            return torch.exp(p if cap is None else p.clamp_max(cap + log_c)) + eps
-        p.sub_(shift)
-        if cap is not None:
-            p.clamp_max_(cap + log_c)
-        return p.exp_().add_(eps)
+    def _features(self, x, scaling, is_query):
+        omega = accum(self.omega) * math.sqrt(scaling)  # ω' = s^1/2 ω, so ω'ᵀx = ωᵀx'
+        args = (omega, scaling, is_query, self.omega.shape[0], self.options.feature_eps)
+        if x.requires_grad:
+            return PositiveRandomFeatures.apply(x, *args)
+        return _positive_random_features(x, *args, for_backward=False)[0]
 
     def forward_with_state(self, q, k, v, **kw):
         interval = self.options.redraw_interval
@@ -407,6 +395,55 @@ class PerformerKernel(LinearKernel):
                 self.redraw()
             self.calls += 1
         return super().forward_with_state(q, k, v, **kw)
+
+
+def _positive_random_features(x, omega, scaling, is_query, m, feature_eps, for_backward=True):
+    """m^-1/2 (exp(a) + ε) with a = ω'ᵀx - shift: shift = max_l ω'_lᵀx for queries, s ||x||²/2 for keys
+    (whose exponent is then capped at 60), computed in place as exp(a + ln c) + c ε, c = m^-1/2.
+    Also returns what the backward needs (``for_backward``): the argmax (queries) or the uncapped mask
+    (keys)."""
+    log_c = -0.5 * math.log(m)
+    p = x @ omega.T
+    where = None
+    if is_query:
+        if for_backward:
+            top, where = p.max(-1, keepdim=True)
+        else:
+            top = p.amax(-1, keepdim=True)
+        p.sub_(top - log_c)
+    else:
+        p.sub_(x.pow(2).sum(-1, keepdim=True) * (scaling / 2) - log_c)
+        if for_backward:
+            where = p < 60.0 + log_c
+        p.clamp_max_(60.0 + log_c)
+    return p.exp_().add_(feature_eps * math.exp(log_c)), where
+
+
+class PositiveRandomFeatures(torch.autograd.Function):
+    """FAVOR+ features with a hand-written backward that keeps only x, φ and the argmax/cap mask. With
+    e = φ - cε = exp(a) and g_a = g ⊙ e: keys dx = g_a ω' - (Σ_l g_a) s x (zero where capped);
+    queries dx = g_a ω' - (Σ_l g_a) ω'_argmax (the max's gradient goes to its argmax)."""
+
+    @staticmethod
+    def forward(ctx, x, omega, scaling, is_query, m, feature_eps):
+        phi, where = _positive_random_features(x, omega, scaling, is_query, m, feature_eps)
+        ctx.save_for_backward(x, omega, phi, where)
+        ctx.scaling, ctx.is_query, ctx.eps_c = scaling, is_query, feature_eps * m**-0.5
+        return phi
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, omega, phi, where = ctx.saved_tensors
+        g_a = grad * (phi - ctx.eps_c)
+        if not ctx.is_query:
+            g_a = g_a * where
+        total = g_a.sum(-1, keepdim=True)
+        dx = g_a @ omega
+        if ctx.is_query:
+            dx -= total * omega[where.squeeze(-1)]
+        else:
+            dx -= total * ctx.scaling * x
+        return dx, None, None, None, None, None
 
 
 @dataclasses.dataclass
