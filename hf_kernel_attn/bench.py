@@ -310,7 +310,7 @@ def estimate_flops(kernel: Kernel, n: int, *, batch: int = 1, causal: bool, back
     * softmax-like: 2·B·H·P·(Dqk + Dv), P = N² pairs (N(N+1)/2 causal) — i.e. 4·B·H·N²·D, halved for causal
       (gaussian's q·k runs on D + 1 coordinates);
     * linear, causal: the chunked algorithm's matmuls with F features (:func:`_chunked_causal_flops`);
-    * linear, bidirectional: 2·B·(Hkv + Hq)·N·F·Dv + 2·B·Hq·N·F, i.e. ≈ 4·B·H·N·F·D (two causal scans
+    * linear, bidirectional: 2·B·(Hkv + Hq)·N·F·(Dv + 1), i.e. ≈ 4·B·H·N·F·D (two causal scans
       instead when the kernel has a decay, as DiJiang);
     * linear kernels add their feature projection (performer ω, hedgehog W, DiJiang DCT): 2·N·D·P per head
       for q and k;
@@ -336,7 +336,7 @@ def estimate_flops(kernel: Kernel, n: int, *, batch: int = 1, causal: bool, back
         elif kernel.log_decay() is not None:
             per_seq = 2 * _chunked_causal_flops(n, chunk, f, dv, hq, hkv)
         else:
-            per_seq = 2.0 * (hkv + hq) * n * f * dv + 2.0 * hq * n * f
+            per_seq = 2.0 * (hkv + hq) * n * f * (dv + 1)  # values with their ones column
         per_seq += 2.0 * n * d * _projection_width(kernel, backward) * (hq + hkv)
         fwd = batch * per_seq
     else:  # skyformer (bidirectional only), after repeating K/V to the query heads

@@ -168,17 +168,24 @@ def test_blocked_path_across_blocks(name, tiny_blocks):
     torch.testing.assert_close(out.double()[rows], expected[rows], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("name", LINEAR)
-def test_no_grad_and_grad_paths_agree(name):
-    """The blocked no-grad forward and the differentiable forward give the same outputs and states."""
+def test_no_grad_and_grad_paths_agree(name, causal, tiny_blocks):
+    """The blocked no-grad forward and the differentiable forward give the same outputs and states
+    (tiny blocks, so the no-grad path crosses many)."""
     kern = make_kernel(name, 6, 2, {"chunk_size": 16}, max_positions=400)
     q, k, v = make_inputs(1, 6, 2, 100, 100, seed=5)
+    mask = torch.ones(1, 100, dtype=torch.bool)
+    mask[0, :5] = False  # padding (left for causal, and it need not be at the end for the bidirectional form)
     with torch.no_grad():
-        out_a, state_a = kern.forward_with_state(q, k, v, causal=True, scaling=SCALING)
+        out_a, state_a = kern.forward_with_state(q, k, v, key_mask=mask, causal=causal, scaling=SCALING)
     q.requires_grad_(True)
-    out_b, state_b = kern.forward_with_state(q, k, v, causal=True, scaling=SCALING)
+    out_b, state_b = kern.forward_with_state(q, k, v, key_mask=mask, causal=causal, scaling=SCALING)
     assert out_b.requires_grad
     torch.testing.assert_close(out_a, out_b.detach(), atol=1e-5, rtol=1e-5)
+    if not causal:
+        assert state_a is None and state_b is None
+        return
     torch.testing.assert_close(state_a.S, state_b.S.detach(), atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(state_a.z, state_b.z.detach(), atol=1e-4, rtol=1e-5)
 

@@ -86,10 +86,14 @@ class LinearKernel(Kernel):
         instead, when a cheaper evaluation order has no state."""
         self.check_inputs(q, k, v, causal)
         scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
-        if causal and not self._needs_grad(q, k, v, state):
-            if state is None and q.shape[-2] == k.shape[-2] and self._quadratic_is_cheaper(q, k, v, need_state):
+        if not self._needs_grad(q, k, v, state):
+            if not causal and self.log_decay() is None:
+                return self._bidirectional_blocked(q, k, v, key_mask, scaling, offset), None
+            if causal and state is None and q.shape[-2] == k.shape[-2] and self._quadratic_is_cheaper(
+                    q, k, v, need_state):
                 return self._causal_quadratic(q, k, v, key_mask, scaling, offset, need_state)
-            return self._causal_blocked(q, k, v, key_mask, scaling, state, offset)
+            if causal:
+                return self._causal_blocked(q, k, v, key_mask, scaling, state, offset)
         fq, fk = self.features(q, k, scaling, offset)
         if key_mask is not None:
             fk = fk * key_mask[:, None, :, None].to(fk.dtype)
@@ -182,6 +186,39 @@ class LinearKernel(Kernel):
                 s_aug = fk.new_zeros(b * hkv, fk.shape[-1], dv + 1)
             s_aug.baddbmm_(fk.transpose(1, 2), v3[:, start:end])
         return out, linear.LinearState.from_augmented(s_aug, b)
+
+    def _bidirectional_blocked(self, q, k, v, key_mask, scaling, offset):
+        """Bidirectional forward without autograd: S = Σ φ(k)[v, 1]ᵀ over blocks of keys, then φ(q) S and
+        the normalisation over blocks of queries; no temporary grows with N."""
+        b, hq, n, _ = q.shape
+        hkv, m, dv = k.shape[1], k.shape[-2], v.shape[-1]
+        g = hq // hkv
+        self.check_positions(offset + m)
+        kpos = torch.arange(offset, offset + m, device=q.device)
+        s_aug = None
+        block = self._block_length(b * hkv)
+        for start in range(0, m, block):
+            end = min(start + block, m)
+            fk = self.feature_k(accum(k[:, :, start:end]), kpos[start:end], scaling)
+            if key_mask is not None:
+                fk = fk * key_mask[:, None, start:end, None].to(fk.dtype)
+            vb = accum(v[:, :, start:end])
+            v3 = torch.cat([vb, vb.new_ones(b, hkv, end - start, 1)], -1).view(b * hkv, end - start, dv + 1)
+            fk = fk.reshape(b * hkv, end - start, -1)
+            if s_aug is None:
+                s_aug = fk.new_zeros(b * hkv, fk.shape[-1], dv + 1)
+            s_aug.baddbmm_(fk.transpose(1, 2), v3)
+        out = q.new_empty(b, n, hq, dv)
+        block = self._block_length(b * hq)
+        for start in range(0, n, block):
+            end = min(start + block, n)
+            length = end - start
+            pos = kpos[m - n + start:m - n + end]
+            fq = self.feature_q(group_queries(accum(q[:, :, start:end]), hkv), pos, scaling)
+            o = torch.bmm(fq.transpose(2, 3).reshape(b * hkv, length * g, -1), s_aug).view(b, hkv, length, g, dv + 1)
+            target = out[:, start:end].view(b, length, hkv, g, dv).transpose(1, 2)
+            torch.div(o[..., :dv], o[..., dv:].clamp_min(self.options.eps), out=target)
+        return out
 
     def _causal_blocked(self, q, k, v, key_mask, scaling, state, offset):
         """The causal forward without autograd, one block of positions at a time: features, scan,
