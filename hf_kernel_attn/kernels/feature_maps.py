@@ -145,6 +145,38 @@ class LinearKernel(Kernel):
         quadratic = n * (d + dv + 1) + (2 * f * (dv + 1) / g if need_state else 0)
         return quadratic < SCAN_COST_FACTOR * (2 * c * (d + dv + 1) + 2 * f * (dv + 1) * (1 + 1 / g))
 
+    def _key_features(self, k, pos, scaling, key_mask):
+        """φ(k) of a slice of keys (fp32), zero for padded keys (``key_mask`` the same slice, or None)."""
+        fk = self.feature_k(accum(k), pos, scaling)
+        return fk if key_mask is None else fk * key_mask[:, None, :, None].to(fk.dtype)
+
+    def _key_state(self, k, v, key_mask, kpos, scaling):
+        """The augmented state Σ_j φ(k_j) [v_j, 1]ᵀ ``[B·Hkv, F, Dv + 1]`` over all keys, block by block."""
+        b, hkv, m, dv = v.shape
+        s_aug = None
+        block = self._block_length(b * hkv)
+        for start in range(0, m, block):
+            end = min(start + block, m)
+            mask = None if key_mask is None else key_mask[:, start:end]
+            fk = self._key_features(k[:, :, start:end], kpos[start:end], scaling, mask)
+            fk = fk.reshape(b * hkv, end - start, -1)
+            if s_aug is None:
+                s_aug = fk.new_zeros(b * hkv, fk.shape[-1], dv + 1)
+            v3 = linear.with_ones(accum(v[:, :, start:end])).view(b * hkv, end - start, dv + 1)
+            s_aug.baddbmm_(fk.transpose(1, 2), v3)
+        return s_aug
+
+    def _write_normalized(self, out, start, o):
+        """``out[:, start:start + L]`` (``[B, N, Hq, Dv]``) = numerator / max(denominator, eps) of a scan output
+        ``o`` ``[B·Hkv, L·G, Dv + 1]``, written straight into out's layout."""
+        b, _, hq, dv = out.shape
+        hkv = o.shape[0] // b
+        g = hq // hkv
+        length = o.shape[1] // g
+        o = o.view(b, hkv, length, g, dv + 1)
+        target = out[:, start:start + length].view(b, length, hkv, g, dv).transpose(1, 2)
+        torch.div(o[..., :dv], o[..., dv:].clamp_min(self.options.eps), out=target)
+
     def _causal_quadratic(self, q, k, v, key_mask, scaling, offset, need_state):
         """Causal attention straight from the closed form, a block of queries at a time against the keys
         up to the block's end (never an N×N matrix); the state, if wanted, from the key features."""
@@ -153,12 +185,10 @@ class LinearKernel(Kernel):
         g = hq // hkv
         self.check_positions(offset + n)
         closed = self.closed_form(q, k, scaling)
-        qp = closed.q.view(b, hkv, g, n, -1).transpose(2, 3).reshape(b * hkv, n * g, -1)
+        qp = linear.query_rows(group_queries(closed.q, hkv))
         kp = closed.k.reshape(b * hkv, n, -1)
-        weight = None if key_mask is None else (
-            key_mask[:, None].to(kp.dtype).expand(b, hkv, n).reshape(b * hkv, n))
-        vb = accum(v)
-        v3 = torch.cat([vb, vb.new_ones(b, hkv, n, 1)], -1).view(b * hkv, n, dv + 1)
+        weight = None if key_mask is None else _key_weight(key_mask, hkv, kp.dtype)
+        v3 = linear.with_ones(accum(v)).view(b * hkv, n, dv + 1)
         out = q.new_empty(b, n, hq, dv)
         block = min(n, max(1, QUADRATIC_SCORE_VALUES // max(1, b * hq * n)))
         tril = torch.ones(block, block, dtype=qp.dtype, device=qp.device).tril().repeat_interleave(g, 0)
@@ -169,55 +199,27 @@ class LinearKernel(Kernel):
             scores[:, :, start:end].mul_(tril[:length * g, :length])
             if weight is not None:
                 scores.mul_(weight[:, None, :end])
-            o = torch.bmm(scores, v3[:, :end]).view(b, hkv, length, g, dv + 1)
-            target = out[:, start:end].view(b, length, hkv, g, dv).transpose(1, 2)
-            torch.div(o[..., :dv], o[..., dv:].clamp_min(self.options.eps), out=target)
+            self._write_normalized(out, start, torch.bmm(scores, v3[:, :end]))
         if not need_state:
             return out, None
         kpos = torch.arange(offset, offset + n, device=q.device)
-        s_aug = None
-        for start in range(0, n, self._block_length(b * hkv)):
-            end = min(start + self._block_length(b * hkv), n)
-            fk = self.feature_k(accum(k[:, :, start:end]), kpos[start:end], scaling)
-            if key_mask is not None:
-                fk = fk * key_mask[:, None, start:end, None].to(fk.dtype)
-            fk = fk.reshape(b * hkv, end - start, -1)
-            if s_aug is None:
-                s_aug = fk.new_zeros(b * hkv, fk.shape[-1], dv + 1)
-            s_aug.baddbmm_(fk.transpose(1, 2), v3[:, start:end])
-        return out, linear.LinearState.from_augmented(s_aug, b)
+        return out, linear.LinearState.from_augmented(self._key_state(k, v, key_mask, kpos, scaling), b)
 
     def _bidirectional_blocked(self, q, k, v, key_mask, scaling, offset):
         """Bidirectional forward without autograd: S = Σ φ(k)[v, 1]ᵀ over blocks of keys, then φ(q) S and
         the normalisation over blocks of queries; no temporary grows with N."""
         b, hq, n, _ = q.shape
         hkv, m, dv = k.shape[1], k.shape[-2], v.shape[-1]
-        g = hq // hkv
         self.check_positions(offset + m)
         kpos = torch.arange(offset, offset + m, device=q.device)
-        s_aug = None
-        block = self._block_length(b * hkv)
-        for start in range(0, m, block):
-            end = min(start + block, m)
-            fk = self.feature_k(accum(k[:, :, start:end]), kpos[start:end], scaling)
-            if key_mask is not None:
-                fk = fk * key_mask[:, None, start:end, None].to(fk.dtype)
-            vb = accum(v[:, :, start:end])
-            v3 = torch.cat([vb, vb.new_ones(b, hkv, end - start, 1)], -1).view(b * hkv, end - start, dv + 1)
-            fk = fk.reshape(b * hkv, end - start, -1)
-            if s_aug is None:
-                s_aug = fk.new_zeros(b * hkv, fk.shape[-1], dv + 1)
-            s_aug.baddbmm_(fk.transpose(1, 2), v3)
+        s_aug = self._key_state(k, v, key_mask, kpos, scaling)
         out = q.new_empty(b, n, hq, dv)
         block = self._block_length(b * hq)
         for start in range(0, n, block):
             end = min(start + block, n)
-            length = end - start
             pos = kpos[m - n + start:m - n + end]
             fq = self.feature_q(group_queries(accum(q[:, :, start:end]), hkv), pos, scaling)
-            o = torch.bmm(fq.transpose(2, 3).reshape(b * hkv, length * g, -1), s_aug).view(b, hkv, length, g, dv + 1)
-            target = out[:, start:end].view(b, length, hkv, g, dv).transpose(1, 2)
-            torch.div(o[..., :dv], o[..., dv:].clamp_min(self.options.eps), out=target)
+            self._write_normalized(out, start, torch.bmm(linear.query_rows(fq), s_aug))
         return out
 
     def _causal_blocked(self, q, k, v, key_mask, scaling, state, offset):
@@ -225,15 +227,13 @@ class LinearKernel(Kernel):
         normalisation and the output layout per block, so no temporary grows with N."""
         b, hq, n, _ = q.shape
         hkv, m, dv = k.shape[1], k.shape[-2], v.shape[-1]
-        g = hq // hkv
         decay = self.log_decay()
         self.check_positions(offset + m)
         kpos = torch.arange(offset, offset + m, device=q.device)
         prefix = m - n
         if prefix > 0:
-            fk = self.feature_k(accum(k[:, :, :prefix]), kpos[:prefix], scaling)
-            if key_mask is not None:
-                fk = fk * key_mask[:, None, :prefix, None].to(fk.dtype)
+            mask = None if key_mask is None else key_mask[:, :prefix]
+            fk = self._key_features(k[:, :, :prefix], kpos[:prefix], scaling, mask)
             state = linear.accumulate(fk, v[:, :, :prefix], state, decay)
         s_aug = None if state is None else state.augmented()
         out = q.new_empty(b, n, hq, dv)
@@ -241,32 +241,30 @@ class LinearKernel(Kernel):
         for start in range(0, n, block):
             end = min(start + block, n)
             length = end - start
-            pos = kpos[prefix + start:prefix + end]
-            fq = self.feature_q(group_queries(accum(q[:, :, start:end]), hkv), pos, scaling)
-            fk = self.feature_k(accum(k[:, :, prefix + start:prefix + end]), pos, scaling)
-            if key_mask is not None:
-                fk = fk * key_mask[:, None, prefix + start:prefix + end, None].to(fk.dtype)
-            f = fk.shape[-1]
-            vb = accum(v[:, :, prefix + start:prefix + end])
-            v3 = torch.cat([vb, vb.new_ones(b, hkv, length, 1)], -1).view(b * hkv, length, dv + 1)
+            keys = slice(prefix + start, prefix + end)
+            mask = None if key_mask is None else key_mask[:, keys]
+            fq = self.feature_q(group_queries(accum(q[:, :, start:end]), hkv), kpos[keys], scaling)
+            fk = self._key_features(k[:, :, keys], kpos[keys], scaling, mask).reshape(b * hkv, length, -1)
+            v3 = linear.with_ones(accum(v[:, :, keys])).view(b * hkv, length, dv + 1)
             if s_aug is None:
-                s_aug = fk.new_zeros(b * hkv, f, dv + 1)
-            closed = self.closed_form(q[:, :, start:end], k[:, :, prefix + start:prefix + end], scaling)
+                s_aug = fk.new_zeros(b * hkv, fk.shape[-1], dv + 1)
+            closed = self.closed_form(q[:, :, start:end], k[:, :, keys], scaling)
             if closed is not None:
-                closed.q = closed.q.view(b, hkv, g, length, -1).transpose(2, 3).reshape(b * hkv, length * g, -1)
+                closed.q = linear.query_rows(group_queries(closed.q, hkv))
                 closed.k = closed.k.reshape(b * hkv, length, -1)
-                if key_mask is not None:
-                    closed.key_weight = (key_mask[:, None, prefix + start:prefix + end].to(closed.k.dtype)
-                                         .expand(b, hkv, length).reshape(b * hkv, length))
-            o = linear.scan(fq.transpose(2, 3).reshape(b * hkv, length * g, f), fk.reshape(b * hkv, length, f),
-                            v3, s_aug, gq=g, gk=1, log_decay=decay, chunk_size=self.options.chunk_size,
-                            closed_form=closed)
-            o = o.view(b, hkv, length, g, dv + 1)
-            target = out[:, start:end].view(b, length, hkv, g, dv).transpose(1, 2)  # o's layout, out's memory
-            torch.div(o[..., :dv], o[..., dv:].clamp_min(self.options.eps), out=target)
+                closed.key_weight = None if mask is None else _key_weight(mask, hkv, closed.k.dtype)
+            o = linear.scan(linear.query_rows(fq), fk, v3, s_aug, gq=hq // hkv, gk=1, log_decay=decay,
+                            chunk_size=self.options.chunk_size, closed_form=closed)
+            self._write_normalized(out, start, o)
         if s_aug is None:  # n == 0
             return out, state
         return out, linear.LinearState.from_augmented(s_aug, b)
+
+
+def _key_weight(key_mask: torch.Tensor, num_kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, L]`` bool -> ``[B·Hkv, L]`` weights (1 real, 0 padded) in the key rows of :func:`linear.scan`."""
+    b, length = key_mask.shape
+    return key_mask[:, None].to(dtype).expand(b, num_kv_heads, length).reshape(b * num_kv_heads, length)
 
 
 def positive_elu(x: torch.Tensor) -> torch.Tensor:

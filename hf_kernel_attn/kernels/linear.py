@@ -80,6 +80,17 @@ def accumulate(
     return LinearState(state.S * carry[..., None] + fkw.transpose(-1, -2) @ v, state.z * carry + fkw.sum(-2))
 
 
+def with_ones(v: torch.Tensor) -> torch.Tensor:
+    """``[..., Dv] -> [..., Dv + 1]``: values extended by a 1, so that one matmul also gives Σ φ(q)·φ(k)."""
+    return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], -1)
+
+
+def query_rows(fq: torch.Tensor) -> torch.Tensor:
+    """``[B, Hkv, G, N, F] -> [B·Hkv, N·G, F]``: the rows (position, query head in group) of :func:`scan`."""
+    b, h, g, n, f = fq.shape
+    return fq.transpose(2, 3).reshape(b * h, n * g, f)
+
+
 class ChunkTables:
     """Masks and decay factors for one chunk of ``length`` positions with ``gq`` query rows and ``gk``
     key rows per position (rows ordered (position, group)).
@@ -177,10 +188,8 @@ def scan(
             if closed_form.key_weight is not None:
                 scores.mul_(closed_form.key_weight[:, None, start * gk:(start + length) * gk])
         tables.head_view(scores).mul_(tables.intra)
-        if tables.q_decay is None:
-            oc = torch.bmm(qc, state)
-        else:
-            oc = torch.bmm(qc, state)
+        oc = torch.bmm(qc, state)
+        if tables.q_decay is not None:
             tables.head_view(oc).mul_(tables.q_decay)  # (γ^t q) S = γ^t (q S)
             tables.head_view(state).mul_(tables.carry)
             kc = (tables.head_view(kc) * tables.k_decay).view_as(kc)
@@ -252,11 +261,10 @@ def causal_chunked(
     dv = v.shape[-1]
     if state is None:
         state = LinearState.zeros(fk, dv)
-    q3 = fq.transpose(2, 3).reshape(b * h, n * g, f)  # rows (position, query head in group)
-    k3 = fk.reshape(b * h, n, f)
-    v3 = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], -1).reshape(b * h, n, dv + 1)
+    v3 = with_ones(v).reshape(b * h, n, dv + 1)
     decay = None if log_decay is None else log_decay.to(fq.dtype)
-    out, s_aug = CausalScan.apply(q3, k3, v3, state.augmented(), g, decay, chunk_size)
+    out, s_aug = CausalScan.apply(query_rows(fq), fk.reshape(b * h, n, f), v3, state.augmented(), g, decay,
+                                  chunk_size)
     out = out.view(b, h, n, g, dv + 1).transpose(2, 3)
     return out[..., :dv], out[..., dv], LinearState.from_augmented(s_aug, b)
 
