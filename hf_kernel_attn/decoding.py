@@ -82,8 +82,11 @@ def synthetic_cache(model, context: int, *, batch: int = 1, seed: int = 0):
     return cache
 
 
+DECODE_WARMUP = 2  # untimed decode steps before the timed ones
+
+
 @torch.no_grad()
-def decode_latency(model, context: int, *, steps: int = 8, warmup: int = 2, batch: int = 1,
+def decode_latency(model, context: int, *, steps: int = 8, warmup: int = DECODE_WARMUP, batch: int = 1,
                    seed: int = 0, synthetic: bool = False) -> dict[str, Any]:
     """Prefill ``context`` random tokens (or, with ``synthetic``, build a random cache of that length:
     :func:`synthetic_cache`), then time ``steps`` single-token decode steps (median)."""
@@ -112,9 +115,6 @@ def decode_latency(model, context: int, *, steps: int = 8, warmup: int = 2, batc
             "decode_ms": 1e3 * statistics.median(times), "cache_bytes": cache_bytes(cache), "synthetic": synthetic}
 
 
-DECODE_WARMUP = 2
-
-
 def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, steps: int = 8,
                      synthetic: bool = False, progress=None) -> list[dict[str, Any]]:
     """``decode_latency`` for every kernel and context; ``softmax`` (K/V cache) is always measured too.
@@ -130,7 +130,7 @@ def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, 
         patch(model, kernel=kernel, **params)
         for context in contexts:
             row = {"kernel": kernel, "params": params,
-                   **decode_latency(model, context, steps=steps, warmup=DECODE_WARMUP, synthetic=synthetic)}
+                   **decode_latency(model, context, steps=steps, synthetic=synthetic)}
             rows.append(row)
             if progress:
                 progress(row)
