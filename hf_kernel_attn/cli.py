@@ -110,6 +110,15 @@ def _cmd_decode_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_finetune(args: argparse.Namespace) -> int:
+    from hf_kernel_attn.training import finetune, load_config
+
+    config = load_config(args.config, args.set)
+    final = finetune(config, resume=args.resume)
+    print(f"final model: {final}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-kernel-attn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -145,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--threads", type=int, default=None)
     ppl.add_argument("--output", default=None, help="write the results as JSON here")
     ppl.set_defaults(func=_cmd_perplexity)
+    fin = sub.add_parser("finetune", help="convert a model: attention transfer, then LoRA / full fine-tuning "
+                                          "(runs under `accelerate launch` too)")
+    fin.add_argument("config", help="YAML config (see configs/); every key can be overridden with --set")
+    fin.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config key: dotted key, YAML value (e.g. stages.transfer.steps=50)")
+    fin.add_argument("--resume", action="store_true",
+                     help="continue from the newest complete checkpoint in output_dir")
+    fin.set_defaults(func=_cmd_finetune)
     return parser
 
 
@@ -157,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as exc:
+    except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -119,9 +119,22 @@ def gaussian_inv_sigma_sq(kern, head_dim, scaling):
     return base * kern.log_gain.detach().to(f64).exp()  # [Hq]
 
 
+def project_qk(kern, q, k):
+    """The optional per-head map on q and k, head by head in float64: q_h A_h (full) or q_h ⊙ a_h."""
+    proj = getattr(kern, "projection", None)
+    if proj is None:
+        return q, k
+    out = []
+    for x, w in ((q.to(f64), proj.q.detach().to(f64)), (k.to(f64), proj.k.detach().to(f64))):
+        heads = [x[:, h] @ w[h] if proj.mode == "full" else x[:, h] * w[h] for h in range(x.shape[1])]
+        out.append(torch.stack(heads, 1))
+    return out[0], out[1]
+
+
 def gaussian_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     """κ_ij = exp(-||q_i - k_j||² · inv_h / 2); row-normalised (normalize=True) or the raw sum."""
     inv = gaussian_inv_sigma_sq(kern, q.shape[-1], scaling)
+    q, k = project_qk(kern, q, k)
     qd, kd, vd = _inputs(q, k, v)
     diff = qd[:, :, :, None, :] - kd[:, :, None, :, :]  # [B, Hq, N, M, D]
     dist2 = (diff * diff).sum(-1)
@@ -135,12 +148,14 @@ def gaussian_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
 def gaussian_augment_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     """The exact identity: augmented Gaussian == softmax(inv_h q·k) (inv_h = s when log_gain = 0)."""
     inv = gaussian_inv_sigma_sq(kern, q.shape[-1], scaling)
+    q, k = project_qk(kern, q, k)
     return per_head_softmax_ref(q, k, v, inv, key_mask=key_mask, causal=causal)
 
 
 def cosine_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     """softmax_j(g_h cos(q_i, k_j)), g_h = exp(log_gain_h)."""
     g = kern.log_gain.detach().to(f64).exp()
+    q, k = project_qk(kern, q, k)
     qd, kd, vd = _inputs(q, k, v)
     cos = torch.einsum("bhnd,bhmd->bhnm", qd, kd) / (
         qd.norm(dim=-1)[..., :, None] * kd.norm(dim=-1)[..., None, :]

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..kernels import KERNELS, Kernel
+from .transfer import active_transfer, teacher_kernel
 
 KERNEL_ATTR = "kernel_attn"
 # Written as attn_implementation into a saved config.json: without the plugin imported, transformers
@@ -95,6 +96,10 @@ def attention_forward(
     key_mask = _key_mask(attention_mask, key.shape[-2])
     causal = _is_causal(module, kwargs)
     dropout = dropout if module.training else 0.0
+    kernel = teacher_kernel(kernel)
+    recorder = active_transfer()
+    if recorder is not None and kernel.name != "softmax":
+        return recorder.step(kernel, query, key, value, key_mask=key_mask, causal=causal, scaling=scaling), None
     state_layer = kwargs.get("linear_state")
     if state_layer is not None and kernel.is_linear:
         return state_layer.attend(kernel, query, key, value, key_mask=key_mask, causal=causal, scaling=scaling), None

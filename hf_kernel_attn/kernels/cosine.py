@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .base import Kernel, KernelOptions, one_of, positive
+from .projection import PROJECTIONS, QKProjection
 from .softmax import fused_attention
 
 
@@ -24,6 +25,7 @@ class CosineOptions(KernelOptions):
     length: int = 512
     learnable: bool = True
     eps: float = 1e-6
+    projection: str = "none"  # learnable per-head map on q, k before normalising: none | diagonal | full
 
     def validate(self) -> None:
         positive("gain", self.gain)
@@ -31,6 +33,7 @@ class CosineOptions(KernelOptions):
         if not isinstance(self.length, int) or self.length < 2:
             raise ValueError(f"length must be an integer >= 2, got {self.length!r}")
         one_of("learnable", self.learnable, (True, False))
+        one_of("projection", self.projection, PROJECTIONS)
 
 
 def default_gain(length: int) -> float:
@@ -46,8 +49,13 @@ class CosineKernel(Kernel):
     def __init__(self, shape, options):
         super().__init__(shape, options)
         self.log_gain = nn.Parameter(torch.empty(shape.num_heads), requires_grad=options.learnable)
+        self.projection = None
+        if options.projection != "none":
+            self.projection = QKProjection(options.projection, shape.num_heads, shape.num_kv_heads, shape.head_dim)
 
     def reset_parameters(self) -> None:
+        if self.projection is not None:
+            self.projection.reset_parameters()
         g0 = self.options.gain if self.options.gain is not None else default_gain(self.options.length)
         with torch.no_grad():
             self.log_gain.fill_(math.log(g0))
@@ -58,6 +66,8 @@ class CosineKernel(Kernel):
             raise ValueError(f"cosine kernel was built for {self.log_gain.numel()} heads, got {q.shape[1]}")
         dtype = q.dtype
         eps = self.options.eps
+        if self.projection is not None:
+            q, k = self.projection(q.float(), k.float())
         qn = q.float() / q.float().norm(dim=-1, keepdim=True).clamp_min(eps)
         kn = k.float() / k.float().norm(dim=-1, keepdim=True).clamp_min(eps)
         qn = qn * self.log_gain.float().exp()[None, :, None, None]

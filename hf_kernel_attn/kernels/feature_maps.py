@@ -343,9 +343,12 @@ class PerformerOptions(LinearOptions):
     feature_eps: float = 1e-4
     seed: int = 0
     redraw_interval: int | None = None
+    learnable: bool = False  # ω becomes a parameter (trained by attention transfer)
 
     def validate(self) -> None:
         super().validate()
+        if self.learnable and self.redraw_interval:
+            raise ValueError("performer: learnable=True trains ω, so it cannot also be redrawn (redraw_interval)")
         for name in ("num_features", "redraw_interval"):
             val = getattr(self, name)
             if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val <= 0):
@@ -382,7 +385,8 @@ class PerformerKernel(LinearKernel):
     ε), while a loose bound such as max_l ||ω_l||²/2 pushes every key feature below ε. Unshifted, a
     key exponent is at most max_l ||ω_l||²/2 (≈ 60 at D = 64); it is clamped at 60 so that sums over
     64k keys stay finite in fp32.
-    ω is a fixed per-layer buffer drawn from ``seed`` and the layer index (saved with the model).
+    ω is a fixed per-layer buffer drawn from ``seed`` and the layer index (saved with the model); with
+    ``learnable=True`` it starts from the same draw and is a parameter that attention transfer trains.
     """
 
     name = "performer"
@@ -393,7 +397,10 @@ class PerformerKernel(LinearKernel):
         super().__init__(shape, options)
         d = shape.head_dim
         m = options.num_features or int(d * math.log(d))
-        self.register_buffer("omega", torch.empty(m, d))
+        if options.learnable:
+            self.omega = nn.Parameter(torch.empty(m, d))
+        else:
+            self.register_buffer("omega", torch.empty(m, d))
         self.calls = 0
 
     def reset_parameters(self) -> None:
@@ -419,6 +426,8 @@ class PerformerKernel(LinearKernel):
     def _features(self, x, scaling, is_query):
         omega = accum(self.omega) * math.sqrt(scaling)  # ω' = s^1/2 ω, so ω'ᵀx = ωᵀx'
         args = (omega, scaling, is_query, self.omega.shape[0], self.options.feature_eps)
+        if omega.requires_grad:
+            return _positive_random_features_autograd(x, *args)
         if x.requires_grad:
             return PositiveRandomFeatures.apply(x, *args)
         return _positive_random_features(x, *args, for_backward=False)[0]
@@ -452,6 +461,17 @@ def _positive_random_features(x, omega, scaling, is_query, m, feature_eps, for_b
             where = p < 60.0 + log_c
         p.clamp_max_(60.0 + log_c)
     return p.exp_().add_(feature_eps * math.exp(log_c)), where
+
+
+def _positive_random_features_autograd(x, omega, scaling, is_query, m, feature_eps):
+    """The same features out of plain differentiable ops, for a trained ω (gradient w.r.t. ω too)."""
+    log_c = -0.5 * math.log(m)
+    p = x @ omega.T
+    if is_query:
+        p = p - p.amax(-1, keepdim=True)
+    else:
+        p = (p - x.pow(2).sum(-1, keepdim=True) * (scaling / 2)).clamp_max(60.0)
+    return (p + log_c).exp() + feature_eps * math.exp(log_c)
 
 
 class PositiveRandomFeatures(torch.autograd.Function):

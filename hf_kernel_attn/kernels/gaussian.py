@@ -7,6 +7,8 @@ q'' = [q, 1] / σ², k'' = [k, -||k||²/2], so the fused SDPA path needs no floa
 
 σ is learnable per query head: 1/σ_h² = base · exp(log_gain_h) with base = the host's softmax scale
 (σ² = 1/s, which leaves every q·k logit unchanged and only adds the key-norm penalty) or 1/sigma².
+``projection`` adds a learnable identity-initialised per-head map on q and k (see ``projection.py``):
+``diagonal`` is the ARD Gaussian exp(-Σ_d (a_d q_d - b_d k_d)²/(2σ²)).
 
 ``augment=True`` appends one coordinate per head, q' = [q, a], k' = [k, b_k] with a ≥ max_j ||k_j||
 and b_k = ||k||² / (a + sqrt(a² - ||k||²)); the Gaussian on (q', k') with σ² = 1/s then equals
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 
 from .base import Kernel, KernelOptions, one_of, positive, visibility_mask
+from .projection import PROJECTIONS, QKProjection
 from .softmax import fused_attention
 
 
@@ -30,9 +33,11 @@ class GaussianOptions(KernelOptions):
     learnable: bool = True
     normalize: bool = True
     augment: bool = False
+    projection: str = "none"  # learnable per-head map on q, k: none | diagonal (ARD bandwidths) | full
 
     def validate(self) -> None:
         positive("sigma", self.sigma)
+        one_of("projection", self.projection, PROJECTIONS)
         for flag in ("learnable", "normalize", "augment"):
             one_of(flag, getattr(self, flag), (True, False))
         if self.augment and not self.normalize:
@@ -59,10 +64,15 @@ class GaussianKernel(Kernel):
     def __init__(self, shape, options):
         super().__init__(shape, options)
         self.log_gain = nn.Parameter(torch.zeros(shape.num_heads), requires_grad=options.learnable)
+        self.projection = None
+        if options.projection != "none":
+            self.projection = QKProjection(options.projection, shape.num_heads, shape.num_kv_heads, shape.head_dim)
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
             self.log_gain.zero_()
+        if self.projection is not None:
+            self.projection.reset_parameters()
 
     def inv_sigma_sq(self, scaling: float | None, head_dim: int) -> torch.Tensor:
         if self.options.sigma is not None:
@@ -77,6 +87,8 @@ class GaussianKernel(Kernel):
             raise ValueError(f"gaussian kernel was built for {self.log_gain.numel()} heads, got {q.shape[1]}")
         dtype = q.dtype
         head_dim = q.shape[-1]  # before augmentation adds a coordinate
+        if self.projection is not None:
+            q, k = self.projection(q.float(), k.float())
         if self.options.augment:
             q, k = augment_keys(q, k)
         inv = self.inv_sigma_sq(scaling, head_dim)[None, :, None, None]

@@ -1,0 +1,1 @@
+"""Evaluation: offline ``evaluate`` metric modules (``evaluation/metrics``)."""

@@ -1,0 +1,229 @@
+"""The conversion-training config: a YAML file, ``--set KEY=VALUE`` overrides, validation.
+
+Every key has a default here (``DEFAULTS``); a key that is not in the schema is an error that names
+the nearest valid key. Dotted keys address nested sections (``stages.transfer.lr``).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TASKS = ("causal_lm", "sequence_classification", "sentence_embedding")
+STAGES = ("transfer", "lora", "full")
+SCHEDULES = ("constant", "cosine", "linear")
+
+_STAGE = {"steps": 0, "lr": 1e-3, "max_minutes": None, "warmup_steps": 0, "schedule": "constant",
+          "weight_decay": 0.0, "max_grad_norm": None}
+DEFAULTS: dict[str, Any] = {
+    "model": None,               # folder or hub id
+    "gguf_file": None,           # convert a GGUF checkpoint on the fly
+    "model_class": None,         # e.g. "AutoModelForSequenceClassification"; None = from task
+    "task": "causal_lm",
+    "kernel": None,
+    "kernel_params": {},
+    "layers": None,              # list of layer indices, or {index: kernel}; None = every layer
+    "data": {
+        "train": [],             # local files, or a hub dataset id (string)
+        "glue_task": None,       # sst2 | mrpc | rte | cola | stsb | qnli: column layout of GLUE files
+        "text_column": "text",   # hub text datasets
+        "seq_len": 512,
+        "batch_size": 4,         # per process and micro-batch
+        "grad_accum": 1,
+        "validation_fraction": 0.05,  # text: the end of each training file is held out
+        "validation_batches": 8,
+        "max_train_chars": None,  # per text file
+    },
+    "seed": 0,
+    "stages": {
+        "transfer": {**_STAGE, "lr": 1e-2, "loss": "mse"},
+        "lora": {**_STAGE, "lr": 1e-4, "max_grad_norm": 1.0, "r": 8, "alpha": 16, "dropout": 0.0,
+                 "target_modules": None, "train_kernel": False},
+        "full": {**_STAGE, "lr": 2e-5, "max_grad_norm": 1.0, "train_kernel": True},
+    },
+    "save_every": 100,
+    "keep_checkpoints": 2,
+    "output_dir": None,
+    "merge_lora": True,
+    "validate": True,            # score the held-out slice before training and after each stage
+    "threads": None,
+    "log_with": "auto",          # auto (tensorboard when installed) | none | tensorboard | wandb ...
+}
+REQUIRED = ("model", "kernel", "output_dir")
+# keys whose value is free-form (a mapping of the user's own keys)
+OPEN_KEYS = {"kernel_params", "layers"}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 floats: PyYAML's YAML 1.1 rules read ``1e-4`` (no dot) as a string."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _all_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in tree.items():
+        full = f"{prefix}{key}"
+        keys.append(full)
+        if isinstance(value, dict) and key not in OPEN_KEYS:
+            keys += _all_keys(value, f"{full}.")
+    return keys
+
+
+def _unknown(key: str) -> ConfigError:
+    valid = _all_keys(DEFAULTS)
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    if not close:  # compare the last component too (a misspelled leaf under the right section)
+        leaf = key.rsplit(".", 1)[-1]
+        leaves = {k.rsplit(".", 1)[-1]: k for k in valid if k.startswith(key.rsplit(".", 1)[0])}
+        match = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.5)
+        close = [leaves[match[0]]] if match else []
+    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {sorted(valid)}"
+    return ConfigError(f"unknown config key {key!r}{hint}")
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any], prefix: str = "") -> None:
+    for key, value in update.items():
+        full = f"{prefix}{key}"
+        if key not in base:
+            raise _unknown(full)
+        if key in OPEN_KEYS and isinstance(base[key], dict) and isinstance(value, dict):
+            base[key] = {**base[key], **value}  # --set kernel_params.x=1 adds to the file's options
+        elif isinstance(base[key], dict) and key not in OPEN_KEYS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key {full!r} is a section; give a mapping, got {value!r}")
+            _merge(base[key], value, f"{full}.")
+        else:
+            base[key] = value
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b.c=VALUE`` -> (["a", "b", "c"], yaml-parsed VALUE)."""
+    if "=" not in item:
+        raise ConfigError(f"--set expects KEY=VALUE (dotted key, YAML value), got {item!r}")
+    key, raw = item.split("=", 1)
+    if not key:
+        raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+    try:
+        value = yaml_load(raw) if raw != "" else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {key}: cannot parse {raw!r} as YAML ({exc})") from None
+    return key.split("."), value
+
+
+def _nest(path: list[str], value: Any) -> dict[str, Any]:
+    out: Any = value
+    for part in reversed(path):
+        out = {part: out}
+    return out
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None,
+                base_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Defaults <- YAML file <- ``--set`` overrides, validated. Relative local paths in the file are
+    resolved against the current directory (where the command runs)."""
+    config = copy.deepcopy(DEFAULTS)
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        with open(path) as f:
+            data = yaml_load(f.read()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a YAML mapping, got {type(data).__name__}")
+        _merge(config, data)
+    for item in overrides or []:
+        keys, value = parse_override(item)
+        _merge(config, _nest(keys, value))
+    validate(config)
+    return config
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def _is_int(x: Any, low: int = 0) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+
+def _is_num(x: Any, low: float = 0.0) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x >= low
+
+
+def validate(config: dict[str, Any]) -> None:
+    for key in REQUIRED:
+        _check(config.get(key) not in (None, ""), f"config key {key!r} is required")
+    _check(config["task"] in TASKS, f"task must be one of {list(TASKS)}, got {config['task']!r}")
+    from ..kernels import KERNELS, validate_params
+
+    _check(config["kernel"] in KERNELS, f"unknown kernel {config['kernel']!r}; available: {sorted(KERNELS)}")
+    _check(isinstance(config["kernel_params"], dict), "kernel_params must be a mapping of kernel options")
+    try:
+        validate_params(config["kernel"], config["kernel_params"])
+    except ValueError as exc:
+        raise ConfigError(f"kernel_params: {exc}") from None
+    data = config["data"]
+    train = data["train"]
+    _check(isinstance(train, (str, list)) and bool(train),
+           "data.train must be a list of local files or a hub dataset id")
+    for key in ("seq_len", "batch_size", "grad_accum", "validation_batches"):
+        _check(_is_int(data[key], 1), f"data.{key} must be an integer >= 1, got {data[key]!r}")
+    _check(_is_num(data["validation_fraction"]) and data["validation_fraction"] < 1,
+           f"data.validation_fraction must be in [0, 1), got {data['validation_fraction']!r}")
+    if config["task"] == "sequence_classification":
+        from ..data import GLUE_TASKS
+
+        _check(data["glue_task"] in GLUE_TASKS,
+               f"task sequence_classification needs data.glue_task, one of {sorted(GLUE_TASKS)}; "
+               f"got {data['glue_task']!r}")
+    _check(_is_int(config["seed"]), f"seed must be an integer >= 0, got {config['seed']!r}")
+    _check(_is_int(config["save_every"]), f"save_every must be an integer >= 0, got {config['save_every']!r}")
+    _check(_is_int(config["keep_checkpoints"], 1), "keep_checkpoints must be an integer >= 1")
+    for name in STAGES:
+        stage = config["stages"][name]
+        _check(_is_int(stage["steps"]), f"stages.{name}.steps must be an integer >= 0, got {stage['steps']!r}")
+        _check(_is_num(stage["lr"]) and stage["lr"] > 0, f"stages.{name}.lr must be a number > 0")
+        mm = stage["max_minutes"]
+        _check(mm is None or (_is_num(mm) and mm > 0), f"stages.{name}.max_minutes must be > 0 or null")
+        _check(stage["schedule"] in SCHEDULES,
+               f"stages.{name}.schedule must be one of {list(SCHEDULES)}, got {stage['schedule']!r}")
+        _check(_is_int(stage["warmup_steps"]), f"stages.{name}.warmup_steps must be an integer >= 0")
+    from ..integration.transfer import TRANSFER_LOSSES
+
+    loss = config["stages"]["transfer"]["loss"]
+    _check(loss in TRANSFER_LOSSES, f"stages.transfer.loss must be one of {list(TRANSFER_LOSSES)}, got {loss!r}")
+    lora = config["stages"]["lora"]
+    _check(_is_int(lora["r"], 1), f"stages.lora.r must be an integer >= 1, got {lora['r']!r}")
+    _check(_is_num(lora["alpha"]) and lora["alpha"] > 0, "stages.lora.alpha must be > 0")
+    _check(any(config["stages"][s]["steps"] for s in STAGES),
+           "every stage has steps: 0; nothing to train (set stages.<transfer|lora|full>.steps)")
+
+
+def dump_config(config: dict[str, Any], path: str | os.PathLike) -> None:
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f, sort_keys=False)

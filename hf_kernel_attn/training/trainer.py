@@ -1,0 +1,605 @@
+"""Conversion training: attention transfer, then LoRA and/or full fine-tuning, under accelerate.
+
+Stages run in the order transfer -> lora -> full; a stage with ``steps: 0`` is skipped.
+
+* **transfer** (Hedgehog, Zhang et al. ICLR 2024; LoLCATs, Zhang et al. ICLR 2025): only the kernels'
+  own parameters train, on the layer-local loss of :mod:`hf_kernel_attn.integration.transfer`; the
+  model runs in eval mode and a causal LM skips its LM head (``logits_to_keep=1``).
+* **lora**: LoRA adapters through ``peft`` (LoLCATs: r = 8, α = 16 on the attention projections).
+* **full**: every weight trains.
+
+Task losses: next-token cross-entropy (``causal_lm``), the classification / regression head
+(``sequence_classification``), and cosine distillation of the original model's mean-pooled
+embeddings, computed once with the softmax teacher (``sentence_embedding``).
+
+Under ``accelerate launch`` each process reads its slice of every global micro-batch and the
+trainable gradients are averaged across processes before each optimizer step, so P processes with
+batch_size b/P follow the same trajectory as one process with batch_size b.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..integration.patching import attention_modules, patch
+from ..integration.transfer import attention_transfer, softmax_teacher
+from . import checkpoint as ckpt
+from .config import STAGES, dump_config
+from .data import BatchPlan, glue_examples, sentences, text_blocks
+
+LOG_FILE = "training_log.jsonl"
+VALIDATION_FILE = "validation.jsonl"
+_AUTO_CLASS = {
+    "causal_lm": "AutoModelForCausalLM",
+    "sequence_classification": "AutoModelForSequenceClassification",
+    "sentence_embedding": "AutoModel",
+}
+_LORA_TARGETS = {  # attention projections per architecture family (LoLCATs: q, k, v, o)
+    "llama": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "mistral": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "bert": ["query", "key", "value", "attention.output.dense"],
+    "gpt2": ["c_attn", "attn.c_proj"],
+}
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _all_mean(x: torch.Tensor) -> torch.Tensor:
+    world, _ = _world()
+    if world > 1:
+        x = x.clone()
+        dist.all_reduce(x)
+        x /= world
+    return x
+
+
+def _all_sum_int(n: int) -> int:
+    world, _ = _world()
+    if world == 1:
+        return n
+    t = torch.tensor([n], dtype=torch.long)
+    dist.all_reduce(t)
+    return int(t.item())
+
+
+def _barrier() -> None:
+    if _world()[0] > 1:
+        dist.barrier()
+
+
+def _lr_lambda(stage: dict[str, Any]):
+    steps, warmup, kind = stage["steps"], stage["warmup_steps"], stage["schedule"]
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if kind == "constant" or steps <= warmup:
+            return 1.0
+        t = min(1.0, (step - warmup) / max(1, steps - warmup))
+        return 0.1 + 0.9 * (0.5 * (1 + math.cos(math.pi * t)) if kind == "cosine" else 1 - t)
+
+    return factor
+
+
+class Trainer:
+    """One conversion run (see the module docstring); :meth:`run` returns ``output_dir/final``."""
+
+    def __init__(self, config: dict[str, Any], resume: bool = False) -> None:
+        from accelerate import Accelerator
+
+        self.config = config
+        self.out = Path(config["output_dir"])
+        self.resume = resume
+        if config["threads"]:
+            torch.set_num_threads(int(config["threads"]))
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), log_with=self._trackers(),
+                                       project_dir=str(self.out))
+        self.device = self.accelerator.device
+        self.world, self.rank = _world()
+        self.main = self.rank == 0
+        self.task = config["task"]
+
+    # ---------------------------------------------------------------- setup
+    def _trackers(self) -> list[str] | None:
+        choice = self.config["log_with"]
+        if choice in (None, "none"):
+            return None
+        if choice == "auto":
+            try:
+                import tensorboard  # noqa: F401
+            except ImportError:
+                return None
+            return ["tensorboard"]
+        return [choice] if isinstance(choice, str) else list(choice)
+
+    def _check_output_dir(self) -> None:
+        log = self.out / LOG_FILE
+        if not self.resume and (ckpt.checkpoints(self.out) or (log.exists() and log.stat().st_size)
+                                or (self.out / "final").exists()):
+            raise ValueError(
+                f"output_dir {str(self.out)!r} already holds a run (checkpoints, {LOG_FILE} or final/); pass "
+                "--resume to continue it, or choose another output_dir"
+            )
+
+    def _model_source(self) -> str:
+        """The checkpoint to load: the model folder/id, or a normal checkpoint converted from GGUF."""
+        cfg = self.config
+        if not cfg["gguf_file"]:
+            return cfg["model"]
+        from ..integration.loading import convert_gguf
+
+        target = self.out / "base-model"
+        if self.main and not (target / "config.json").exists():
+            tmp = self.out / ".tmp-base-model"
+            shutil.rmtree(tmp, ignore_errors=True)
+            convert_gguf(cfg["model"], cfg["gguf_file"], tmp,
+                         model_class=cfg["model_class"] or _AUTO_CLASS[self.task])
+            os.replace(tmp, target)
+        _barrier()
+        return str(target)
+
+    def _load(self) -> None:
+        import transformers
+        from transformers import AutoTokenizer
+
+        cfg = self.config
+        source = self._model_source()
+        self.source = source
+        self.tokenizer = AutoTokenizer.from_pretrained(source)
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        cls = getattr(transformers, cfg["model_class"] or _AUTO_CLASS[self.task])
+        kwargs: dict[str, Any] = {}
+        if self.task == "sequence_classification":
+            from ..data import GLUE_TASKS
+
+            glue = GLUE_TASKS[cfg["data"]["glue_task"]]
+            kwargs["num_labels"] = glue.num_labels
+            kwargs["problem_type"] = "regression" if glue.is_regression else "single_label_classification"
+        torch.manual_seed(cfg["seed"])  # a new classification head is drawn from the seed
+        model = cls.from_pretrained(source, **kwargs)
+        if model.config.pad_token_id is None:
+            model.config.pad_token_id = self.tokenizer.pad_token_id
+        patch(model, kernel=cfg["kernel"], layers=cfg["layers"], **cfg["kernel_params"])
+        model.to(self.device)
+        # kernel parameters the kernel itself declares learnable (σ, g, hedgehog maps, learnable ω)
+        self.kernel_params = {id(p) for n, p in model.named_parameters() if ".kernel_attn." in n and p.requires_grad}
+        self.model = model
+        self._forward_kwargs = set(inspect.signature(type(model).forward).parameters)
+
+    def _load_data(self) -> None:
+        if self.task == "causal_lm":
+            self.train, self.valid = text_blocks(self.config, self.tokenizer)
+        elif self.task == "sequence_classification":
+            self.train, self.valid = glue_examples(self.config)
+        else:
+            self.train, self.valid = sentences(self.config)
+        data = self.config["data"]
+        self.plan = BatchPlan(len(self.train), self.config["seed"], data["batch_size"], self.world, self.rank)
+
+    # ---------------------------------------------------------------- batches
+    def _encode(self, texts_a: list[str], texts_b: list[str | None] | None = None) -> dict[str, torch.Tensor]:
+        seq_len = self.config["data"]["seq_len"]
+        if texts_b is not None and any(t is not None for t in texts_b):
+            enc = self.tokenizer(texts_a, [t or "" for t in texts_b], padding=True, truncation=True,
+                                 max_length=seq_len, return_tensors="pt")
+        else:
+            enc = self.tokenizer(texts_a, padding=True, truncation=True, max_length=seq_len, return_tensors="pt")
+        return {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask",
+                                                                      "token_type_ids")}
+
+    def _batch(self, items: Any, idx: list[int]) -> tuple[dict[str, Any], int]:
+        """Model inputs for samples ``idx`` of ``items`` and their number of real tokens."""
+        if self.task == "causal_lm":
+            ids = items[idx].to(self.device)
+            return {"input_ids": ids}, ids.numel()
+        if self.task == "sequence_classification":
+            rows = [items[i] for i in idx]
+            enc = self._encode([r.text_a for r in rows], [r.text_b for r in rows])
+            dtype = torch.float if self.model.config.problem_type == "regression" else torch.long
+            enc["labels"] = torch.tensor([r.label for r in rows], dtype=dtype, device=self.device)
+            return enc, int(enc["attention_mask"].sum())
+        enc = self._encode([items[i] for i in idx])
+        enc["teacher_index"] = idx
+        return enc, int(enc["attention_mask"].sum())
+
+    # ---------------------------------------------------------------- objectives
+    def _inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in batch.items() if k not in ("teacher_index", "labels")}
+
+    def _transfer_loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        kwargs = self._inputs(batch)
+        if "logits_to_keep" in self._forward_kwargs:
+            kwargs["logits_to_keep"] = 1  # the LM head is not needed for a layer-local loss
+        if "use_cache" in self._forward_kwargs:
+            kwargs["use_cache"] = False
+        with attention_transfer(self.config["stages"]["transfer"]["loss"]) as rec:
+            self.model(**kwargs)
+            loss = rec.total()
+            self._last_layer_mse = rec.mean()
+        return loss
+
+    def _task_loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        if self.task == "causal_lm":
+            return self.model(**batch, labels=batch["input_ids"], use_cache=False).loss
+        if self.task == "sequence_classification":
+            return self.model(**self._inputs(batch), labels=batch["labels"]).loss
+        emb = mean_pool(self.model(**self._inputs(batch)).last_hidden_state, batch["attention_mask"])
+        target = self.teacher[batch["teacher_index"]].to(emb.device)
+        return (1 - torch.nn.functional.cosine_similarity(emb.float(), target, dim=-1)).mean()
+
+    @torch.no_grad()
+    def _teacher_embeddings(self) -> None:
+        """The original (softmax) model's pooled embedding of every training sentence the run will read."""
+        if self.task != "sentence_embedding" or hasattr(self, "teacher"):
+            return
+        data = self.config["data"]
+        total = sum(self.config["stages"][s]["steps"] for s in STAGES) * data["grad_accum"]
+        needed = sorted({int(i) for j in range(total) for i in self._global_indices(j * self.plan.global_batch)})
+        self.teacher = torch.zeros(len(self.train), self.model.config.hidden_size)
+        was_training = self.model.training
+        self.model.eval()
+        bs = max(data["batch_size"], 32)
+        with softmax_teacher():
+            for start in range(0, len(needed), bs):
+                idx = needed[start:start + bs]
+                enc = self._encode([self.train.items[i] for i in idx])
+                out = self.model(**enc).last_hidden_state
+                self.teacher[idx] = mean_pool(out, enc["attention_mask"]).float().cpu()
+        self.model.train(was_training)
+
+    def _global_indices(self, position: int) -> list[int]:
+        plan = BatchPlan(self.plan.n, self.plan.seed, self.plan.global_batch)
+        return plan.indices(position)
+
+    # ---------------------------------------------------------------- stages
+    def _enter(self, stage: str) -> None:
+        """Give the model the structure of ``stage`` (LoRA adapters in, or merged out)."""
+        if stage == "lora" and not self._is_peft():
+            self.model = self._wrap_lora(self.model)
+        elif stage == "full" and self._is_peft():
+            self.model = self.model.merge_and_unload()
+
+    def _is_peft(self) -> bool:
+        return type(self.model).__module__.startswith("peft")
+
+    def _lora_targets(self) -> list[str]:
+        given = self.config["stages"]["lora"]["target_modules"]
+        if given:
+            return list(given)
+        mtype = getattr(self.model.config, "model_type", "")
+        if mtype in _LORA_TARGETS:
+            return _LORA_TARGETS[mtype]
+        names = set()
+        for module in attention_modules(self.model):
+            names |= {n for n, m in module.named_children() if isinstance(m, torch.nn.Linear)}
+        if not names:
+            raise ValueError(f"cannot find the attention projections of model type {mtype!r}; set "
+                             "stages.lora.target_modules")
+        return sorted(names)
+
+    def _wrap_lora(self, model):
+        from peft import LoraConfig, get_peft_model
+
+        lora = self.config["stages"]["lora"]
+        task_type = {"causal_lm": "CAUSAL_LM", "sequence_classification": "SEQ_CLS"}.get(self.task)
+        cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                         target_modules=self._lora_targets(), task_type=task_type)
+        torch.manual_seed(self.config["seed"] + 1)  # LoRA A matrices
+        return get_peft_model(model, cfg)
+
+    def _set_trainable(self, stage: str) -> list[torch.nn.Parameter]:
+        stage_cfg = self.config["stages"][stage]
+        for n, p in self.model.named_parameters():
+            is_kernel = id(p) in self.kernel_params
+            if stage == "transfer":
+                p.requires_grad_(is_kernel)
+            elif stage == "lora":
+                adapter = "lora_" in n or "modules_to_save" in n
+                p.requires_grad_(adapter or (is_kernel and stage_cfg["train_kernel"]))
+            else:
+                p.requires_grad_(".kernel_attn." not in n or (is_kernel and stage_cfg["train_kernel"]))
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _checkpoint_tensors(self, optimizer, scheduler) -> dict[str, Any]:
+        return {"model.pt": self.model.state_dict(), "optimizer.pt": optimizer.state_dict(),
+                "scheduler.pt": scheduler.state_dict(), "rng.pt": ckpt.rng_state()}
+
+    def _save(self, state: dict[str, Any], optimizer, scheduler) -> None:
+        if self.main:
+            ckpt.save_checkpoint(self.out, state["global_step"], self._checkpoint_tensors(optimizer, scheduler),
+                                 state)
+            ckpt.prune(self.out, self.config["keep_checkpoints"])
+        _barrier()
+
+    def _log(self, record: dict[str, Any], file: str = LOG_FILE) -> None:
+        if self.main:
+            with open(self.out / file, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def _truncate_log(self, step: int) -> None:
+        """After a resume: keep only records up to the checkpoint's step (the rest are redone)."""
+        if not self.main:
+            return
+        for name in (LOG_FILE, VALIDATION_FILE):
+            path = self.out / name
+            if not path.exists():
+                continue
+            keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(ln + "\n" for ln in keep))
+            os.replace(tmp, path)
+
+    # ---------------------------------------------------------------- validation
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Held-out score: perplexity (causal_lm), the task metric (classification), Spearman ×100 of
+        cosine similarities against gold scores (sentence_embedding on STS-B pairs)."""
+        if not len(self.valid):
+            return {}
+        was_training = self.model.training
+        self.model.eval()
+        data = self.config["data"]
+        n = min(len(self.valid), data["validation_batches"] * data["batch_size"])
+        bs = data["batch_size"]
+        try:
+            if self.task == "causal_lm":
+                total, count = 0.0, 0
+                for s in range(0, n, bs):
+                    ids = self.valid.items[s:s + bs].to(self.device)
+                    logits = self.model(input_ids=ids, use_cache=False).logits.float()
+                    total += torch.nn.functional.cross_entropy(
+                        logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten(), reduction="sum").item()
+                    count += ids[:, 1:].numel()
+                return {"val_loss": total / count, "val_perplexity": math.exp(total / count)}
+            rows = self.valid.items[:n]
+            if self.task == "sequence_classification":
+                preds, gold = [], []
+                for s in range(0, n, bs):
+                    batch, _ = self._batch(rows, list(range(s, min(n, s + bs))))
+                    logits = self.model(**self._inputs(batch)).logits
+                    preds += (logits[:, 0] if logits.shape[-1] == 1 else logits.argmax(-1)).tolist()
+                    gold += batch["labels"].tolist()
+                return glue_scores(self.config["data"]["glue_task"], preds, gold)
+            if isinstance(rows[0], str):
+                return {}
+            sims, gold = [], []
+            for s in range(0, n, bs):
+                part = rows[s:s + bs]
+                a = self._embed([r.text_a for r in part])
+                b = self._embed([r.text_b for r in part])
+                sims += torch.nn.functional.cosine_similarity(a, b, dim=-1).tolist()
+                gold += [float(r.label) for r in part]
+            from scipy.stats import spearmanr
+
+            return {"val_spearman": 100 * float(spearmanr(sims, gold).statistic)}
+        finally:
+            self.model.train(was_training)
+
+    def _embed(self, texts: list[str]) -> torch.Tensor:
+        enc = self._encode(texts)
+        return mean_pool(self.model(**enc).last_hidden_state, enc["attention_mask"]).float()
+
+    # ---------------------------------------------------------------- main loop
+    def run(self) -> Path:
+        cfg = self.config
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.main:
+            self._check_output_dir()
+            ckpt.remove_partial(self.out)
+        _barrier()
+        self._load()
+        self._load_data()
+        state = {"global_step": 0, "stage": None, "stage_step": 0, "stage_done": False, "position": 0,
+                 "tokens": 0, "seconds": 0.0, "stage_seconds": 0.0, "world": self.world}
+        resume_from = ckpt.latest_checkpoint(self.out) if self.resume else None
+        if self.resume and resume_from is None and self.main:
+            print(f"--resume: no complete checkpoint in {self.out}; starting from the beginning", flush=True)
+        if resume_from is not None:
+            state = ckpt.read_state(resume_from)
+            if self.main:
+                print(f"resuming from {resume_from} (stage {state['stage']}, step {state['global_step']})",
+                      flush=True)
+            self._truncate_log(state["global_step"])
+        elif self.main:
+            self._truncate_log(-1)
+        if self.main:
+            dump_config(cfg, self.out / "config.resolved.yaml")
+        self.accelerator.init_trackers("tensorboard")
+        self._teacher_embeddings()
+        self.t0 = time.perf_counter() - state["seconds"]
+        active = [s for s in STAGES if cfg["stages"][s]["steps"] > 0]
+        done_before = active.index(state["stage"]) if state["stage"] in active else -1
+        if resume_from is None and cfg["validate"]:
+            self._log_validation(state, "start")
+        for i, stage in enumerate(active):
+            if i < done_before:
+                self._enter(stage)
+                continue
+            self._enter(stage)
+            if i == done_before:  # the checkpoint's stage: load its weights (and continue it if unfinished)
+                self.model.load_state_dict(ckpt.load_file(resume_from, "model.pt"))
+                if state["stage_done"]:
+                    continue
+                self._run_stage(stage, state, resume_from)
+            else:
+                state.update(stage=stage, stage_step=0, stage_done=False, stage_seconds=0.0)
+                self._run_stage(stage, state, None)
+        path = self._save_final()
+        self.accelerator.end_training()
+        return path
+
+    def _run_stage(self, stage: str, state: dict[str, Any], resume_from: Path | None) -> None:
+        cfg = self.config
+        stage_cfg = cfg["stages"][stage]
+        params = self._set_trainable(stage)
+        if not params:
+            if self.main:
+                print(f"stage {stage}: {cfg['kernel']!r} has no trainable parameters here; skipped", flush=True)
+            state.update(stage_done=True)
+            return
+        self.model.train(stage != "transfer")  # transfer: the teacher and student see no dropout
+        optimizer = torch.optim.AdamW(params, lr=stage_cfg["lr"], weight_decay=stage_cfg["weight_decay"])
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(stage_cfg))
+        if resume_from is not None:
+            optimizer.load_state_dict(ckpt.load_file(resume_from, "optimizer.pt"))
+            scheduler.load_state_dict(ckpt.load_file(resume_from, "scheduler.pt"))
+            ckpt.set_rng_state(ckpt.load_file(resume_from, "rng.pt"))
+        accum, budget = cfg["data"]["grad_accum"], stage_cfg["max_minutes"]
+        clip = stage_cfg["max_grad_norm"]
+        stage_start = time.perf_counter() - state["stage_seconds"]
+        bar = None
+        if self.main:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=stage_cfg["steps"], initial=state["stage_step"], desc=stage, dynamic_ncols=True)
+        delay = float(os.environ.get("HF_KERNEL_ATTN_STEP_DELAY", 0))  # tests: a window to kill a run in
+        while state["stage_step"] < stage_cfg["steps"]:
+            if delay:
+                time.sleep(delay)
+            step_start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum, tokens = 0.0, 0
+            for _ in range(accum):
+                batch, n_tok = self._batch(self.train.items, self.plan.indices(state["position"]))
+                state["position"] += self.plan.global_batch
+                loss = self._transfer_loss(batch) if stage == "transfer" else self._task_loss(batch)
+                (loss / accum).backward()
+                loss_sum += loss.item() / accum
+                tokens += n_tok
+            if self.world > 1:
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+                flat = _all_mean(torch.cat([g.reshape(-1) for g in grads]))
+                offset = 0
+                for p, g in zip(params, grads, strict=True):
+                    p.grad = flat[offset:offset + g.numel()].view_as(p).clone()
+                    offset += g.numel()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(params, clip)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            loss_value = float(_all_mean(torch.tensor([loss_sum])).item())
+            tokens = _all_sum_int(tokens)
+            state["global_step"] += 1
+            state["stage_step"] += 1
+            state["tokens"] += tokens
+            state["seconds"] = time.perf_counter() - self.t0
+            state["stage_seconds"] = time.perf_counter() - stage_start
+            step_seconds = time.perf_counter() - step_start
+            record = {"stage": stage, "step": state["global_step"], "stage_step": state["stage_step"],
+                      "loss": loss_value, "lr": lr, "tokens": state["tokens"],
+                      "seconds": round(state["seconds"], 3), "tokens_per_second": round(tokens / step_seconds, 1)}
+            self._log(record)
+            self.accelerator.log({f"{stage}/loss": loss_value, f"{stage}/lr": lr}, step=state["global_step"])
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss_value:.4g}", tok_s=f"{tokens / step_seconds:.0f}")
+                bar.update(1)
+            over = budget is not None and state["stage_seconds"] >= 60 * budget
+            if over and state["stage_step"] < stage_cfg["steps"]:
+                over = bool(_all_mean(torch.tensor([float(over)])).item() > 0)
+            last = state["stage_step"] >= stage_cfg["steps"] or over
+            if last:
+                state["stage_done"] = True
+                if over and self.main:
+                    print(f"stage {stage}: budget of {budget} min reached after {state['stage_step']} steps",
+                          flush=True)
+            if last or (cfg["save_every"] and state["global_step"] % cfg["save_every"] == 0):
+                self._save(dict(state), optimizer, scheduler)
+            if last:
+                break
+        if bar is not None:
+            bar.close()
+        if cfg["validate"]:
+            self._log_validation(state, stage)
+
+    def _log_validation(self, state: dict[str, Any], stage: str) -> None:
+        if self.main:
+            scores = self.validate()
+            record = {"stage": stage, "step": state["global_step"], "tokens": state["tokens"],
+                      "seconds": round(time.perf_counter() - self.t0, 3), **scores}
+            self._log(record, VALIDATION_FILE)
+            print(f"validation after {stage}: {scores}", flush=True)
+        _barrier()
+
+    def _save_final(self) -> Path:
+        final = self.out / "final"
+        if self.main:
+            model = self.model
+            if self._is_peft() and self.config["merge_lora"]:
+                model = copy.deepcopy(model).merge_and_unload()
+            tmp = self.out / ".tmp-final"
+            shutil.rmtree(tmp, ignore_errors=True)
+            model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            if self.task == "sentence_embedding":
+                _copy_sentence_transformers_files(Path(self.source), tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            print(f"saved the converted model to {final}", flush=True)
+        _barrier()
+        return final
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ_i m_i h_i / Σ_i m_i (sentence-transformers' mean pooling)."""
+    m = mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
+
+
+def glue_scores(task: str, preds: list[float], gold: list[float]) -> dict[str, float]:
+    """The task's GLUE metrics ×100 on held-out rows."""
+    import numpy as np
+
+    p, g = np.asarray(preds), np.asarray(gold)
+    if task == "stsb":
+        from scipy.stats import pearsonr, spearmanr
+
+        return {"val_pearson": 100 * float(pearsonr(p, g).statistic),
+                "val_spearman": 100 * float(spearmanr(p, g).statistic)}
+    acc = float((p == g).mean())
+    out = {"val_accuracy": 100 * acc}
+    if task == "mrpc":
+        tp, fp, fn = float(((p == 1) & (g == 1)).sum()), float(((p == 1) & (g == 0)).sum()), float(
+            ((p == 0) & (g == 1)).sum())
+        out["val_f1"] = 100 * (2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+    if task == "cola":
+        tp, tn = float(((p == 1) & (g == 1)).sum()), float(((p == 0) & (g == 0)).sum())
+        fp, fn = float(((p == 1) & (g == 0)).sum()), float(((p == 0) & (g == 1)).sum())
+        den = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+        out["val_matthews"] = 100 * ((tp * tn - fp * fn) / den if den else 0.0)
+    return out
+
+
+def _copy_sentence_transformers_files(source: Path, target: Path) -> None:
+    """Keep a sentence-transformers model usable as one: its pooling/normalisation module files."""
+    if not source.is_dir():
+        return
+    for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"):
+        if (source / name).is_file():
+            shutil.copy2(source / name, target / name)
+    for sub in source.iterdir():
+        if sub.is_dir() and sub.name[:1].isdigit() and "_" in sub.name:
+            shutil.copytree(sub, target / sub.name, dirs_exist_ok=True)
+
+
+def finetune(config: dict[str, Any], resume: bool = False) -> Path:
+    """Run the conversion described by ``config`` (see :mod:`hf_kernel_attn.training.config`)."""
+    return Trainer(config, resume=resume).run()

@@ -1,0 +1,435 @@
+"""Conversion training (``hf-kernel-attn finetune``) on tiny models: config errors, the transfer
+objective, resume after SIGKILL, 2-process accelerate, the saved model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import hf_kernel_attn
+from hf_kernel_attn.integration.transfer import attention_transfer, softmax_teacher
+from hf_kernel_attn.training import ConfigError, load_config
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHAKESPEARE = DATA / "tinyshakespeare" / "train.txt"
+STSB = DATA / "stsb" / "train.tsv"
+SST2 = DATA / "sst2" / "train.tsv"
+CLI = [sys.executable, "-m", "hf_kernel_attn.cli"]
+ACCELERATE_2CPU = Path(__file__).resolve().parents[1] / "configs" / "accelerate" / "cpu-2proc.yaml"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory, smollm2_dir):
+    """A 2-layer Llama with SmolLM2's tokenizer (GQA 4/2), saved as a model folder."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny_llama")
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # peaked attention (random init is near-uniform), so there is something to learn
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(15)
+            layer.self_attn.k_proj.weight.mul_(15)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory, minilm_dir):
+    """A 2-layer BERT with MiniLM's tokenizer."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, max_position_embeddings=128, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny_bert")
+    model = BertModel(cfg)
+    with torch.no_grad():  # peaked attention, as in a trained model
+        for layer in model.encoder.layer:
+            layer.attention.self.query.weight.mul_(15)
+            layer.attention.self.key.weight.mul_(15)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def lm_config(model, out, **extra):
+    cfg = {
+        "model": str(model), "task": "causal_lm", "kernel": "hedgehog",
+        "data": {"train": [str(SHAKESPEARE)], "max_train_chars": 30000, "seq_len": 32, "batch_size": 4,
+                 "validation_batches": 2},
+        "stages": {"transfer": {"steps": 4}, "lora": {"steps": 4, "lr": 1e-3}},
+        "save_every": 3, "output_dir": str(out), "log_with": "none", "validate": False,
+    }
+    for key, value in extra.items():
+        node = cfg
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return cfg
+
+
+def write_config(path: Path, cfg: dict) -> Path:
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def read_log(out: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (out / "training_log.jsonl").read_text().splitlines()]
+
+
+def run_cli(args, env_extra=None, check=True, **kw):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+# ------------------------------------------------------------------------------------------ config
+
+
+def test_config_defaults_and_overrides(tmp_path):
+    path = write_config(tmp_path / "c.yaml", lm_config("m", tmp_path / "o", kernel_params={"feature_dim": 8}))
+    cfg = load_config(path, ["stages.transfer.lr=0.5", "data.seq_len=128", "kernel_params.eps=1e-9",
+                             "layers=[0]", "stages.full.max_minutes=2.5"])
+    assert cfg["stages"]["transfer"]["lr"] == 0.5 and cfg["data"]["seq_len"] == 128
+    assert cfg["kernel_params"] == {"feature_dim": 8, "eps": 1e-9}  # --set adds to the file's options
+    assert cfg["layers"] == [0] and cfg["stages"]["full"]["max_minutes"] == 2.5
+    assert cfg["stages"]["lora"]["r"] == 8 and cfg["stages"]["lora"]["alpha"] == 16  # LoLCATs defaults
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("stages.transfer.stpes=3", "did you mean 'stages.transfer.steps'"),
+        ("ouput_dir=x", "did you mean 'output_dir'"),
+        ("data.batchsize=3", "did you mean 'data.batch_size'"),
+        ("stages.lora.alpah=3", "did you mean 'stages.lora.alpha'"),
+        ("task=lm", "task must be one of"),
+        ("kernel=gauss", "unknown kernel 'gauss'"),
+        ("kernel_params.feature_dimm=3", "unknown option"),
+        ("data.seq_len=0", "data.seq_len must be an integer >= 1"),
+        ("stages.transfer.schedule=cos", "schedule must be one of"),
+        ("stages.transfer.max_minutes=-1", "max_minutes must be > 0"),
+        ("stages.transfer.loss=kl", "stages.transfer.loss must be one of"),
+        ("stages=3", "is a section"),
+        ("novalue", "--set expects KEY=VALUE"),
+    ],
+)
+def test_config_errors(tmp_path, override, message):
+    path = write_config(tmp_path / "c.yaml", lm_config("m", tmp_path / "o"))
+    with pytest.raises(ConfigError, match=message):
+        load_config(path, [override])
+
+
+def test_config_errors_files_and_required(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    cfg = lm_config("m", tmp_path / "o")
+    del cfg["model"]
+    with pytest.raises(ConfigError, match="'model' is required"):
+        load_config(write_config(tmp_path / "c.yaml", cfg))
+    cfg = lm_config("m", tmp_path / "o")
+    cfg["stages"] = {"transfer": {"steps": 0}, "lora": {"steps": 0}}
+    with pytest.raises(ConfigError, match="nothing to train"):
+        load_config(write_config(tmp_path / "c.yaml", cfg))
+    cfg = lm_config("m", tmp_path / "o", task="sequence_classification")
+    with pytest.raises(ConfigError, match="data.glue_task"):
+        load_config(write_config(tmp_path / "c.yaml", cfg))
+
+
+def test_cli_reports_config_errors(tmp_path):
+    path = write_config(tmp_path / "c.yaml", lm_config("m", tmp_path / "o"))
+    proc = run_cli(["finetune", str(path), "--set", "stages.trasnfer.steps=1"], check=False)
+    assert proc.returncode == 2 and "did you mean 'stages.transfer'" in proc.stderr
+
+
+# ------------------------------------------------------------------------------- transfer objective
+
+
+def test_transfer_passes_the_softmax_output_on(tiny_llama):
+    """Inside attention_transfer every layer returns the softmax teacher's output, so the whole model
+    computes the original model's logits (checked against the unpatched model), and each recorded
+    loss is the MSE between that layer's kernel and softmax outputs."""
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    hf_kernel_attn.patch(model, kernel="hedgehog")
+    ids = torch.randint(0, 1000, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = plain(ids).logits
+        kernel_logits = model(ids).logits
+        with attention_transfer() as rec:
+            teacher_logits = model(ids).logits
+        with softmax_teacher():
+            softmax_logits = model(ids).logits
+    torch.testing.assert_close(teacher_logits, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(softmax_logits, expected, atol=1e-5, rtol=1e-5)
+    assert (kernel_logits - expected).abs().max() > 1e-3  # the kernel itself differs
+    assert len(rec.losses) == 2 and all(float(x.detach()) > 0 for x in rec.losses)
+
+
+def test_transfer_loss_is_layer_mse(tiny_llama):
+    """The recorded loss of layer 0 equals an independent computation: capture q, k, v at the layer
+    and compare softmax (brute force) with the hedgehog brute-force reference."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    import reference as ref
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    hf_kernel_attn.patch(model, kernel="hedgehog", layers=[0])
+    kern = model.model.layers[0].self_attn.kernel_attn
+    captured = {}
+    original = type(kern).forward
+
+    def spy(self, q, k, v, **kw):
+        captured.update(q=q.detach().clone(), k=k.detach().clone(), v=v.detach().clone(), scaling=kw["scaling"])
+        return original(self, q, k, v, **kw)
+
+    ids = torch.randint(0, 1000, (2, 20), generator=torch.Generator().manual_seed(1))
+    type(kern).forward = spy
+    try:
+        with torch.no_grad(), attention_transfer() as rec:
+            model(ids)
+    finally:
+        type(kern).forward = original
+    assert len(rec.losses) == 1  # layer 1 runs softmax: nothing to transfer
+    q, k, v, s = captured["q"], captured["k"], captured["v"], captured["scaling"]
+    teacher = ref.per_head_softmax_ref(q, k, v, torch.full((q.shape[1],), s, dtype=torch.float64))
+    student = ref.hedgehog_ref(kern, q, k, v, scaling=s)
+    assert float(rec.losses[0]) == pytest.approx(float((student - teacher).pow(2).mean()), rel=1e-4)
+
+
+def test_transfer_trains_only_kernel_parameters(tiny_llama, tmp_path):
+    cfg = load_config(write_config(tmp_path / "c.yaml", lm_config(
+        tiny_llama, tmp_path / "o", kernel="gaussian", kernel_params={"projection": "full"},
+        **{"stages.lora.steps": 0, "stages.transfer.steps": 30, "stages.transfer.lr": 0.05})))
+    from transformers import AutoModelForCausalLM
+
+    from hf_kernel_attn.training import Trainer
+
+    final = Trainer(cfg).run()
+    log = read_log(tmp_path / "o")
+    assert [r["step"] for r in log] == list(range(1, 31))
+    for key in ("stage", "step", "loss", "lr", "tokens", "seconds"):
+        assert key in log[0]
+    assert log[-1]["tokens"] == 30 * 4 * 32
+    base = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    trained = AutoModelForCausalLM.from_pretrained(final)  # stock loader after `import hf_kernel_attn`
+    assert trained.config.kernel_attention["kernel"] == "gaussian"
+    assert trained.config.kernel_attention["params"] == {"projection": "full"}
+    base_sd, trained_sd = base.state_dict(), trained.state_dict()
+    for name, value in trained_sd.items():
+        if ".kernel_attn." in name:
+            continue
+        torch.testing.assert_close(value, base_sd[name], atol=0, rtol=0)  # frozen
+    proj = trained.model.layers[0].self_attn.kernel_attn.projection
+    assert not torch.allclose(proj.q, torch.eye(8).expand_as(proj.q))
+    # on text none of the steps saw, the transfer loss fell
+    hf_kernel_attn.patch(base, kernel="gaussian", projection="full")
+    ids = torch.randint(0, 5000, (4, 32), generator=torch.Generator().manual_seed(3))
+    losses = []
+    for model in (base, trained):
+        with torch.no_grad(), attention_transfer() as rec:
+            model.eval()(ids)
+        losses.append(rec.mean())
+    assert losses[1] < 0.5 * losses[0]
+
+
+def test_kernel_without_parameters_skips_transfer(tiny_llama, tmp_path):
+    cfg = load_config(write_config(tmp_path / "c.yaml", lm_config(tiny_llama, tmp_path / "o", kernel="elu")))
+    from hf_kernel_attn.training import Trainer
+
+    Trainer(cfg).run()
+    log = read_log(tmp_path / "o")
+    assert {r["stage"] for r in log} == {"lora"} and len(log) == 4
+
+
+# ----------------------------------------------------------------------------------- resume / kill
+
+
+def _final_loss(out: Path) -> float:
+    return read_log(out)[-1]["loss"]
+
+
+def test_resume_after_sigkill_equals_uninterrupted_run(tiny_llama, tmp_path):
+    cfg = lm_config(tiny_llama, tmp_path / "ref", **{"stages.transfer.steps": 5, "stages.lora.steps": 6,
+                                                      "save_every": 2})
+    run_cli(["finetune", str(write_config(tmp_path / "ref.yaml", cfg))])
+    reference = read_log(tmp_path / "ref")
+
+    # 1) SIGKILL mid-run (after step 7 is logged), then --resume
+    out = tmp_path / "killed"
+    cfg["output_dir"] = str(out)
+    path = write_config(tmp_path / "killed.yaml", cfg)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "HF_KERNEL_ATTN_STEP_DELAY": "0.5"}  # slow steps down so the kill lands mid-run
+    proc = subprocess.Popen([*CLI, "finetune", str(path)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    log_file = out / "training_log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if log_file.exists() and len(log_file.read_text().splitlines()) >= 7:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "final").exists()
+    run_cli(["finetune", str(path), "--resume"])
+    resumed = read_log(out)
+    assert [r["step"] for r in resumed] == [r["step"] for r in reference]
+    for a, b in zip(resumed, reference, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-4)
+        assert a["tokens"] == b["tokens"]
+
+
+def test_kill_while_writing_a_checkpoint(tiny_llama, tmp_path):
+    """SIGKILL in the middle of a checkpoint write leaves only a temporary folder, which --resume
+    ignores and removes; the run then finishes with the uninterrupted run's loss."""
+    cfg = lm_config(tiny_llama, tmp_path / "ref", **{"stages.transfer.steps": 4, "stages.lora.steps": 4,
+                                                      "save_every": 2})
+    run_cli(["finetune", str(write_config(tmp_path / "ref.yaml", cfg))])
+    out = tmp_path / "killed"
+    cfg["output_dir"] = str(out)
+    path = write_config(tmp_path / "killed.yaml", cfg)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "HF_KERNEL_ATTN_CHECKPOINT_DELAY": "30"}
+    proc = subprocess.Popen([*CLI, "finetune", str(path)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(out.glob(".tmp-checkpoint-*/*.pt")):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert list(out.glob(".tmp-checkpoint-*")), "the kill should land inside the first checkpoint write"
+    assert not list(out.glob("checkpoint-*"))
+    run_cli(["finetune", str(path), "--resume"])
+    assert not list(out.glob(".tmp-checkpoint-*"))
+    assert _final_loss(out) == pytest.approx(_final_loss(tmp_path / "ref"), abs=1e-4)
+    assert [r["step"] for r in read_log(out)] == list(range(1, 9))
+
+
+def test_existing_run_needs_resume(tiny_llama, tmp_path):
+    cfg = lm_config(tiny_llama, tmp_path / "o", **{"stages.lora.steps": 0, "stages.transfer.steps": 2})
+    path = write_config(tmp_path / "c.yaml", cfg)
+    run_cli(["finetune", str(path)])
+    proc = run_cli(["finetune", str(path)], check=False)
+    assert proc.returncode == 2 and "--resume" in proc.stderr
+    assert (tmp_path / "o" / "final").exists()  # nothing was lost
+
+
+def test_missing_training_file_is_a_clear_error(tiny_llama, tmp_path):
+    cfg = lm_config(tiny_llama, tmp_path / "o")
+    cfg["data"]["train"] = [str(tmp_path / "nope.txt")]
+    proc = run_cli(["finetune", str(write_config(tmp_path / "c.yaml", cfg))], check=False)
+    assert proc.returncode == 2 and "nope.txt" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------ distributed
+
+
+def test_two_processes_equal_one(tiny_llama, tmp_path):
+    """accelerate launch with 2 CPU processes (batch 2 each) vs 1 process (batch 4): same global
+    batch, equal loss after 20 steps within 1e-3."""
+    common = {"stages.transfer.steps": 10, "stages.lora.steps": 10, "save_every": 0}
+    one = lm_config(tiny_llama, tmp_path / "one", **common)
+    run_cli(["finetune", str(write_config(tmp_path / "one.yaml", one))])
+    two = lm_config(tiny_llama, tmp_path / "two", **common)
+    two["data"]["batch_size"] = 2
+    path = write_config(tmp_path / "two.yaml", two)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_2CPU),
+         "--main_process_port", str(_free_port()), "-m", "hf_kernel_attn.cli", "finetune", str(path)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = read_log(tmp_path / "one"), read_log(tmp_path / "two")
+    assert len(a) == len(b) == 20
+    assert b[-1]["tokens"] == a[-1]["tokens"]
+    for x, y in zip(a, b, strict=True):
+        assert x["loss"] == pytest.approx(y["loss"], abs=1e-3)
+
+
+# ------------------------------------------------------------------------------------ encoder tasks
+
+
+def test_sentence_embedding_distillation(tiny_bert, tmp_path):
+    """The teacher targets are the original model's mean-pooled embeddings (checked against the
+    unpatched model), and cosine distillation lowers the loss."""
+    import statistics
+
+    cfg = {
+        "model": str(tiny_bert), "task": "sentence_embedding", "kernel": "elu",
+        "data": {"train": [str(STSB)], "glue_task": "stsb", "seq_len": 32, "batch_size": 8,
+                 "validation_batches": 4},
+        "stages": {"full": {"steps": 60, "lr": 1e-4}},
+        "output_dir": str(tmp_path / "o"), "log_with": "none", "save_every": 0,
+    }
+    from transformers import AutoModel, AutoTokenizer
+
+    from hf_kernel_attn.training import Trainer
+
+    trainer = Trainer(load_config(write_config(tmp_path / "c.yaml", cfg)))
+    final = trainer.run()
+    losses = [r["loss"] for r in read_log(tmp_path / "o")]
+    assert statistics.mean(losses[-10:]) < statistics.mean(losses[:10])
+    val = [json.loads(ln) for ln in (tmp_path / "o" / "validation.jsonl").read_text().splitlines()]
+    assert [v["stage"] for v in val] == ["start", "full"] and "val_spearman" in val[-1]
+    plain, tok = AutoModel.from_pretrained(tiny_bert).eval(), AutoTokenizer.from_pretrained(tiny_bert)
+    used = trainer.teacher.abs().sum(-1).nonzero().flatten()[:5].tolist()
+    assert len(used) == 5
+    for i in used:
+        enc = tok(trainer.train.items[i], return_tensors="pt")
+        with torch.no_grad():
+            expected = plain(**enc).last_hidden_state.mean(1)[0]
+        torch.testing.assert_close(trainer.teacher[i], expected, atol=1e-5, rtol=1e-4)
+    model = AutoModel.from_pretrained(final)
+    assert model.config.kernel_attention["kernel"] == "elu"
+
+
+def test_sequence_classification(tiny_bert, tmp_path):
+    cfg = {
+        "model": str(tiny_bert), "task": "sequence_classification", "kernel": "gaussian",
+        "data": {"train": [str(SST2)], "glue_task": "sst2", "seq_len": 32, "batch_size": 8,
+                 "validation_batches": 4},
+        "stages": {"transfer": {"steps": 2}, "lora": {"steps": 4, "lr": 1e-3}},
+        "output_dir": str(tmp_path / "o"), "log_with": "none", "save_every": 0,
+    }
+    from transformers import AutoModelForSequenceClassification
+
+    from hf_kernel_attn.training import Trainer
+
+    final = Trainer(load_config(write_config(tmp_path / "c.yaml", cfg))).run()
+    assert [r["stage"] for r in read_log(tmp_path / "o")] == ["transfer"] * 2 + ["lora"] * 4
+    val = [json.loads(ln) for ln in (tmp_path / "o" / "validation.jsonl").read_text().splitlines()]
+    assert "val_accuracy" in val[-1]
+    model = AutoModelForSequenceClassification.from_pretrained(final)
+    assert model.config.num_labels == 2 and model.config.kernel_attention["kernel"] == "gaussian"
