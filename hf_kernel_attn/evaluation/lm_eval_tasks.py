@@ -1,0 +1,184 @@
+"""lm-evaluation-harness integration: the ``hf-kernel-attn`` model type and local copies of stock tasks.
+
+* ``KernelHFLM`` (registered as ``--model hf-kernel-attn``) is lm-eval's ``HFLM`` around a model that
+  was loaded with its saved kernel, or patched on the fly: ``--model_args pretrained=DIR,kernel=gaussian,
+  layers=[0,1],kernel_params={"projection":"full"},gguf_file=F``.
+* :func:`local_task_dir` writes task configs that ``include`` lm-eval's stock YAML for the task of the
+  same name — same prompt, choices, target and metrics — and only swap the dataset for the local files
+  named in ``EVAL_SPLITS.md`` (converted once to the stock field layout). Numbers are therefore
+  comparable with published lm-eval results on the same split.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# task -> (stock yaml relative to lm_eval/tasks, {split: local files}, converter name)
+_LOCAL = {
+    "lambada_openai": ("lambada/lambada_openai.yaml",
+                       {"validation": ["lambada/lambada_development_plain_text.txt"],
+                        "test": ["lambada/lambada_openai_test.jsonl"]}, "lambada"),
+    "arc_easy": ("arc/arc_easy.yaml", {"validation": ["arc/ARC-Easy-Dev.jsonl"], "test": ["arc/ARC-Easy-Test.jsonl"]},
+                 "arc"),
+    "arc_challenge": ("arc/arc_challenge.yaml", {"validation": ["arc/ARC-Challenge-Dev.jsonl"],
+                                                 "test": ["arc/ARC-Challenge-Test.jsonl"]}, "arc"),
+    "piqa": ("piqa/piqa.yaml", {"validation": ["piqa/valid.jsonl", "piqa/valid-labels.lst"],
+                                "test": ["piqa/valid.jsonl", "piqa/valid-labels.lst"]}, "piqa"),
+    "boolq": ("super_glue/boolq/default.yaml", {"validation": ["boolq/val.jsonl"], "test": ["boolq/val.jsonl"]},
+              "boolq"),
+    "copa": ("super_glue/copa/default.yaml", {"validation": ["copa/val.jsonl"], "test": ["copa/val.jsonl"]},
+             "copa"),
+    "openbookqa": ("openbookqa/openbookqa.yaml", {"validation": ["openbookqa/dev.tsv"],
+                                                  "test": ["openbookqa/test.tsv"]}, "openbookqa"),
+}
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+
+
+def _convert(kind: str, files: list[Path]) -> list[dict[str, Any]]:
+    """Local rows -> the stock dataset's fields (what the stock prompts read)."""
+    if kind == "lambada":
+        if files[0].suffix == ".jsonl":
+            return [{"text": r["text"]} for r in _jsonl(files[0])]
+        return [{"text": ln.strip()} for ln in files[0].read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if kind == "arc":
+        return [{"id": r["id"], "question": r["question"]["stem"],
+                 "choices": {"text": [c["text"] for c in r["question"]["choices"]],
+                             "label": [c["label"] for c in r["question"]["choices"]]},
+                 "answerKey": r["answerKey"]} for r in _jsonl(files[0])]
+    if kind == "piqa":
+        rows = _jsonl(files[0])
+        labels = [ln.strip() for ln in files[1].read_text().splitlines() if ln.strip()]
+        if len(labels) != len(rows):
+            raise ValueError(f"{files[1]} has {len(labels)} labels for {len(rows)} rows of {files[0]}")
+        return [{"goal": r["goal"], "sol1": r["sol1"], "sol2": r["sol2"], "label": int(lab)}
+                for r, lab in zip(rows, labels, strict=True)]
+    if kind == "boolq":
+        return [{"question": r["question"], "passage": r["passage"], "idx": r["idx"],
+                 "label": int(str(r["label"]).lower() in ("true", "1"))} for r in _jsonl(files[0])]
+    if kind == "copa":
+        return [{k: r[k] for k in ("premise", "choice1", "choice2", "question", "label", "idx")}
+                for r in _jsonl(files[0])]
+    if kind == "openbookqa":
+        out = []
+        with open(files[0], encoding="utf-8", newline="") as f:
+            for r in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
+                parts = re.split(r"\(([A-Z])\)\s*", r["Choices"])[1:]
+                labels, texts = parts[0::2], [t.strip() for t in parts[1::2]]
+                out.append({"id": r["ID"], "question_stem": r["Question Stem"],
+                            "choices": {"text": texts, "label": labels}, "answerKey": r["Answer Key"].strip()})
+        return out
+    raise ValueError(kind)
+
+
+def local_task_dir(tasks: list[str], data_dir: str | os.PathLike, split: str, out_dir: str | os.PathLike) -> Path:
+    """Write one lm-eval task config per task into ``out_dir`` (plus the converted data) and return it."""
+    import lm_eval
+
+    stock_root = Path(lm_eval.__file__).parent / "tasks"
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for task in tasks:
+        if task not in _LOCAL:
+            raise ValueError(f"no local lm-eval config for {task!r}; available: {sorted(_LOCAL)}")
+        stock, splits, kind = _LOCAL[task]
+        files = [Path(data_dir) / f for f in splits[split]]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{task} --split {split}: expected {missing} (see EVAL_SPLITS.md)")
+        data = out / f"{task}.{split}.jsonl"
+        with open(data, "w", encoding="utf-8") as f:
+            for row in _convert(kind, files):
+                f.write(json.dumps(row) + "\n")
+        stock_path = stock_root / stock
+        if (stock_path.parent / "utils.py").exists():  # `!function utils.x` resolves next to *this* file
+            (out / "utils.py").write_text((stock_path.parent / "utils.py").read_text())
+        config = {
+            "include": str(stock_path), "task": task, "tag": [],
+            "dataset_path": "json", "dataset_name": None, "dataset_kwargs": {"data_files": {"eval": str(data)}},
+            "training_split": None, "validation_split": None, "test_split": "eval", "fewshot_split": None,
+        }
+        (out / f"{task}.yaml").write_text(json.dumps(config, indent=1))  # JSON is valid YAML
+    return out
+
+
+def _parse_layers(value: Any) -> Any:
+    if isinstance(value, str):
+        return json.loads(value)
+    return value
+
+
+def register_model() -> None:
+    """Register ``KernelHFLM`` as lm-eval model type ``hf-kernel-attn`` (idempotent)."""
+    from lm_eval.api.registry import MODEL_REGISTRY
+    from lm_eval.api.registry import register_model as lm_register
+    from lm_eval.models.huggingface import HFLM
+
+    if "hf-kernel-attn" in MODEL_REGISTRY:
+        return
+
+    @lm_register("hf-kernel-attn")
+    class KernelHFLM(HFLM):
+        """lm-eval's HFLM with the model's saved kernel, or ``kernel=...`` patched on the fly."""
+
+        def __init__(self, pretrained: Any, kernel: str | None = None, layers: Any = None,
+                     kernel_params: Any = None, gguf_file: str | None = None, **kwargs: Any) -> None:
+            import hf_kernel_attn
+
+            if isinstance(pretrained, str):
+                params = json.loads(kernel_params) if isinstance(kernel_params, str) else dict(kernel_params or {})
+                load = {"gguf_file": gguf_file} if gguf_file else {}
+                if kernel:
+                    model = hf_kernel_attn.from_pretrained(pretrained, kernel=kernel, layers=_parse_layers(layers),
+                                                           kernel_params=params, **load)
+                else:
+                    from transformers import AutoModelForCausalLM
+
+                    model = AutoModelForCausalLM.from_pretrained(pretrained, **load)
+                if "tokenizer" not in kwargs:
+                    from transformers import AutoTokenizer
+
+                    kwargs["tokenizer"] = AutoTokenizer.from_pretrained(pretrained, **load)
+                pretrained = model.eval()
+            super().__init__(pretrained=pretrained, **kwargs)
+
+
+def run_lm_eval_tasks(model, tokenizer, tasks: list[str], *, data_dir: str | os.PathLike | None,
+                      split: str, limit: int | None, batch_size: int) -> list[tuple]:
+    """Run lm-eval on an in-memory model; returns (task, split, metric, value, stderr, n, seconds) tuples."""
+    import time
+
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    start = time.perf_counter()
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    with tempfile.TemporaryDirectory() as tmp:
+        if data_dir is not None:
+            manager = TaskManager(include_path=str(local_task_dir(tasks, data_dir, split, tmp)), include_defaults=False)
+        else:
+            manager = TaskManager()
+        results = simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
+                                  num_fewshot=0, log_samples=False, bootstrap_iters=1000)
+    secs = time.perf_counter() - start
+    out = []
+    for task in tasks:
+        res = results["results"][task]
+        n = results.get("n-samples", {}).get(task, {}).get("effective")
+        for key, value in res.items():
+            if "," not in key or key.startswith("alias") or "_stderr" in key:
+                continue
+            metric = key.split(",")[0]
+            stderr = res.get(f"{metric}_stderr,{key.split(',')[1]}")
+            stderr = stderr if isinstance(stderr, (int, float)) else None
+            out.append((task, split, metric, float(value), stderr, int(n or 0), secs))
+    return out

@@ -1,0 +1,183 @@
+"""``hf-kernel-attn eval``: load (or patch) a model once per head type, run the tasks, write one JSON
+line per (model, kernel, layers, task, split, metric)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .tasks import (
+    EMBEDDING_TASKS,
+    GLUE_EVAL_TASKS,
+    LM_EVAL_TASKS,
+    TEXT_TASKS,
+    check_split,
+    check_tasks,
+    glue_metrics,
+    model_kind,
+    read_text_task,
+)
+
+RECORD_KEYS = ("model", "kernel", "layers", "task", "split", "metric", "value", "stderr", "n", "seconds")
+_CLASSES = {"causal_lm": "AutoModelForCausalLM", "sequence_classification": "AutoModelForSequenceClassification",
+            "embedding": "AutoModel"}
+
+
+@dataclasses.dataclass
+class ModelSpec:
+    """A saved model (its own kernel) or one patched on the fly with ``kernel``/``layers``/``params``."""
+
+    model: str
+    gguf_file: str | None = None
+    kernel: str | None = None
+    layers: Any = None
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def load(self, kind: str):
+        import transformers
+        from transformers import AutoTokenizer
+
+        import hf_kernel_attn
+
+        kwargs = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+        cls = getattr(transformers, _CLASSES[kind])
+        if self.kernel is not None:
+            model = hf_kernel_attn.from_pretrained(self.model, kernel=self.kernel, layers=self.layers,
+                                                   model_class=cls, kernel_params=self.params, **kwargs)
+        else:
+            if self.layers is not None or self.params:
+                raise ValueError("--layers/--param need --kernel (without it the model runs its saved kernel)")
+            model = cls.from_pretrained(self.model, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(self.model, **kwargs)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return model.eval(), tokenizer
+
+    def kernel_name(self, model) -> str:
+        import hf_kernel_attn
+
+        cfg = hf_kernel_attn.kernel_config(model)
+        return cfg.kernel if cfg else "softmax"
+
+    def layers_repr(self, model) -> Any:
+        import hf_kernel_attn
+
+        cfg = hf_kernel_attn.kernel_config(model)
+        return cfg.to_dict().get("layers") or None if cfg else None
+
+
+def _record(spec: ModelSpec, model, task: str, split: str, metric: str, value: float, stderr: float | None,
+            n: int, seconds: float) -> dict[str, Any]:
+    return {"model": spec.model, "kernel": spec.kernel_name(model), "layers": spec.layers_repr(model),
+            "task": task, "split": split, "metric": metric, "value": value, "stderr": stderr, "n": n,
+            "seconds": round(seconds, 2)}
+
+
+def _perplexity_task(spec, model, tok, task, split, data_dir, limit, batch_size, context, stride):
+    from .perplexity import strided_perplexity
+
+    start = time.perf_counter()
+    text = read_text_task(task, split, data_dir)
+    res = strided_perplexity(model, tok, text, context=context, stride=stride, limit=limit, batch_size=batch_size)
+    secs = time.perf_counter() - start
+    return [_record(spec, model, task, split, "perplexity", res["perplexity"], None, res["tokens"], secs),
+            _record(spec, model, task, split, "bits_per_byte", res["bits_per_byte"], None, res["tokens"], secs)]
+
+
+@torch.no_grad()
+def _glue_task(spec, model, tok, task, split, data_dir, limit, batch_size):
+    from ..data import load_glue
+
+    start = time.perf_counter()
+    rows = load_glue(task, split, data_dir)[: limit or None]
+    preds, gold = [], []
+    for s in range(0, len(rows), batch_size):
+        part = rows[s:s + batch_size]
+        pair = [r.text_b for r in part] if part[0].text_b is not None else None
+        enc = tok([r.text_a for r in part], pair, padding=True, truncation=True, max_length=512, return_tensors="pt")
+        logits = model(**enc).logits
+        preds += (logits[:, 0] if logits.shape[-1] == 1 else logits.argmax(-1)).tolist()
+        gold += [r.label for r in part]
+    secs = time.perf_counter() - start
+    return [_record(spec, model, task, split, metric, value, se, len(rows), secs)
+            for metric, (value, se) in glue_metrics(task, preds, gold).items()]
+
+
+@torch.no_grad()
+def embed(model, tok, texts: list[str], batch_size: int = 32) -> torch.Tensor:
+    """Mean-pooled last hidden states (sentence-transformers' pooling for all-MiniLM-L6-v2)."""
+    out = []
+    for s in range(0, len(texts), batch_size):
+        enc = tok(texts[s:s + batch_size], padding=True, truncation=True, max_length=512, return_tensors="pt")
+        hidden = model(**enc).last_hidden_state
+        m = enc["attention_mask"].to(hidden.dtype).unsqueeze(-1)
+        out.append(((hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)).float())
+    return torch.cat(out)
+
+
+def _embedding_task(spec, model, tok, task, split, data_dir, limit, batch_size):
+    from ..data import load_glue
+    from .metrics import load_metric
+
+    start = time.perf_counter()
+    rows = load_glue("stsb", split, data_dir)[: limit or None]
+    a = embed(model, tok, [r.text_a for r in rows], batch_size)
+    b = embed(model, tok, [r.text_b for r in rows], batch_size)
+    sims = torch.nn.functional.cosine_similarity(a, b, dim=-1).tolist()
+    spear = load_metric("spearmanr").compute(predictions=sims, references=[r.label for r in rows])["spearmanr"]
+    secs = time.perf_counter() - start
+    return [_record(spec, model, task, split, "spearman", 100 * spear, None, len(rows), secs)]
+
+
+def run_eval(spec: ModelSpec, tasks: list[str], *, data_dir: str | os.PathLike | None = None,
+             split: str = "validation", limit: int | None = None, batch_size: int = 1, context: int = 1024,
+             stride: int | None = None, output: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+    """Run ``tasks`` on the model of ``spec``; append each record to ``output`` (JSONL) as it finishes."""
+    check_tasks(tasks)
+    check_split(split)
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {limit}")
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise FileNotFoundError(f"--data-dir {str(data_dir)!r} is not a folder")
+    records: list[dict[str, Any]] = []
+    loaded: dict[str, Any] = {}
+    for task in tasks:
+        kind = model_kind(task)
+        if kind not in loaded:
+            loaded.clear()  # one model in memory at a time
+            loaded[kind] = spec.load(kind)
+        model, tok = loaded[kind]
+        if task in TEXT_TASKS:
+            new = _perplexity_task(spec, model, tok, task, split, data_dir, limit, batch_size, context, stride)
+        elif task in GLUE_EVAL_TASKS:
+            new = _glue_task(spec, model, tok, task, split, data_dir, limit, max(batch_size, 16))
+        elif task in EMBEDDING_TASKS:
+            new = _embedding_task(spec, model, tok, task, split, data_dir, limit, max(batch_size, 32))
+        else:
+            assert task in LM_EVAL_TASKS
+            from .lm_eval_tasks import run_lm_eval_tasks
+
+            new = [_record(spec, model, *r) for r in run_lm_eval_tasks(model, tok, [task], data_dir=data_dir,
+                                                                        split=split, limit=limit,
+                                                                        batch_size=batch_size)]
+        records += new
+        if output:
+            with open(output, "a") as f:
+                for r in new:
+                    f.write(json.dumps(r) + "\n")
+    return records
+
+
+def summary_table(records: list[dict[str, Any]]) -> str:
+    lines = [f"{'task':16s} {'split':10s} {'kernel':10s} {'metric':22s} {'value':>10s} {'stderr':>8s} {'n':>7s}"]
+    for r in records:
+        se = "" if r["stderr"] is None else f"{r['stderr']:.4g}"
+        lines.append(f"{r['task']:16s} {r['split']:10s} {r['kernel']:10s} {r['metric']:22s} {r['value']:10.4f} "
+                     f"{se:>8s} {r['n']:7d}")
+    return "\n".join(lines)

@@ -1,0 +1,114 @@
+"""Evaluation tasks: token-stream perplexity, GLUE, zero-shot STS-B embeddings (run here), and the
+zero-shot multiple-choice / cloze tasks run through lm-evaluation-harness (:mod:`.lm_eval_tasks`).
+
+Local data follows ``shared/data/EVAL_SPLITS.md``: ``--data-dir DIR --split validation`` reads the
+development files, ``--split test`` the standard evaluation files of the same format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+SPLITS = ("validation", "test")
+TINYSHAKESPEARE_HOLDOUT = 0.05  # `validation` = the last 5% of train.txt (what `finetune` holds out)
+
+
+@dataclasses.dataclass(frozen=True)
+class TextTask:
+    """A plain-text perplexity task: local files per split, or a hub dataset."""
+
+    name: str
+    files: dict[str, str]
+    hub: tuple[str, str | None, str, str]  # (path, config, split, text column)
+    holdout_tail: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+TEXT_TASKS: dict[str, TextTask] = {
+    "wikitext2": TextTask("wikitext2", {"validation": "wikitext-2-raw/wiki.valid.raw",
+                                        "test": "wikitext-2-raw/wiki.test.raw"},
+                          ("Salesforce/wikitext", "wikitext-2-raw-v1", "{split}", "text")),
+    "ptb": TextTask("ptb", {"validation": "ptb/ptb.valid.txt", "test": "ptb/ptb.test.txt"},
+                    ("ptb-text-only/ptb_text_only", None, "{split}", "sentence")),
+    "tinyshakespeare": TextTask("tinyshakespeare", {"validation": "tinyshakespeare/train.txt",
+                                                    "test": "tinyshakespeare/val.txt"},
+                                ("karpathy/tiny_shakespeare", None, "{split}", "text"),
+                                holdout_tail={"validation": TINYSHAKESPEARE_HOLDOUT}),
+}
+GLUE_EVAL_TASKS = ("sst2", "mrpc", "rte", "cola", "stsb")
+EMBEDDING_TASKS = ("stsb_embedding",)
+LM_EVAL_TASKS = ("lambada_openai", "arc_easy", "arc_challenge", "piqa", "boolq", "copa", "openbookqa")
+ALL_TASKS = (*TEXT_TASKS, *LM_EVAL_TASKS, *GLUE_EVAL_TASKS, *EMBEDDING_TASKS)
+
+
+def check_tasks(tasks: list[str]) -> None:
+    unknown = [t for t in tasks if t not in ALL_TASKS]
+    if unknown:
+        raise ValueError(f"unknown task(s) {unknown}; available tasks: {list(ALL_TASKS)}")
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {list(SPLITS)}")
+
+
+def model_kind(task: str) -> str:
+    """Which model head a task needs: causal_lm, sequence_classification or embedding."""
+    if task in TEXT_TASKS or task in LM_EVAL_TASKS:
+        return "causal_lm"
+    if task in GLUE_EVAL_TASKS:
+        return "sequence_classification"
+    return "embedding"
+
+
+def read_text_task(task: str, split: str, data_dir: str | os.PathLike | None) -> str:
+    """The evaluation text of a perplexity task (one stream)."""
+    check_split(split)
+    spec = TEXT_TASKS[task]
+    if data_dir is None:
+        import datasets
+
+        path, config, hub_split, column = spec.hub
+        try:
+            rows = datasets.load_dataset(path, config, split=hub_split.format(split=split))[column]
+        except Exception as exc:
+            raise RuntimeError(f"cannot read {task} ({path}) from the hub: {exc}; pass --data-dir") from exc
+        return "\n".join(rows)
+    path = Path(data_dir) / spec.files[split]
+    if not path.is_file():
+        raise FileNotFoundError(f"{task} --split {split}: expected the file {str(path)!r} (see EVAL_SPLITS.md)")
+    text = path.read_text(encoding="utf-8")
+    tail = spec.holdout_tail.get(split)
+    return text[len(text) - int(len(text) * tail):] if tail else text
+
+
+def accuracy_stderr(correct: list[bool]) -> float:
+    """Standard error of the mean of 0/1 outcomes, sqrt(p(1-p)/(n-1)) (lm-eval's mean_stderr)."""
+    n = len(correct)
+    if n < 2:
+        return float("nan")
+    p = sum(correct) / n
+    return math.sqrt(p * (1 - p) / (n - 1))
+
+
+def glue_metrics(task: str, preds: list[Any], gold: list[Any]) -> dict[str, tuple[float, float | None]]:
+    """GLUE metrics ×100 through the shipped ``evaluate`` modules: {metric: (value, stderr)}."""
+    from .metrics import load_metric
+
+    if task == "stsb":
+        pear = load_metric("pearsonr").compute(predictions=preds, references=gold)["pearsonr"]
+        spear = load_metric("spearmanr").compute(predictions=preds, references=gold)["spearmanr"]
+        return {"pearson": (100 * pear, None), "spearman": (100 * spear, None)}
+    out: dict[str, tuple[float, float | None]] = {}
+    acc = load_metric("accuracy").compute(predictions=preds, references=gold)["accuracy"]
+    acc_se = accuracy_stderr([p == g for p, g in zip(preds, gold, strict=True)])
+    if task == "cola":
+        mcc = load_metric("matthews_correlation").compute(predictions=preds, references=gold)
+        return {"matthews_correlation": (100 * mcc["matthews_correlation"], None)}
+    if task == "mrpc":
+        out["f1"] = (100 * load_metric("f1").compute(predictions=preds, references=gold)["f1"], None)
+    out["accuracy"] = (100 * acc, 100 * acc_se)
+    return out
