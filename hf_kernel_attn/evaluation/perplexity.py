@@ -49,7 +49,8 @@ def strided_perplexity(model, tokenizer, text: str, *, context: int = 1024, stri
     """Token-level perplexity of ``text`` as one token stream (the transformers perplexity guide):
     window w covers tokens [w·stride, w·stride + context); it scores the tokens no earlier window
     scored, with the rest of the window as left context. With stride = context the windows are disjoint
-    and each window's first token is not scored (it has no context), as in the guide. ``limit``: the first ``limit`` windows.
+    and each window's first token is not scored (it has no context), as in the guide. ``limit``: the
+    first ``limit`` windows.
 
     Also returns bits per byte, Σ NLL / (ln 2 · UTF-8 bytes of the scored text), which does not depend
     on the tokenizer."""
