@@ -2,8 +2,8 @@
 
 w_ij = softmax_j(g_h · q̂_i·k̂_j) with q̂ = q/||q||, k̂ = k/||k|| and a learnable per-head gain g_h
 (stored as log g). Logits are bounded in [-g, g]. Init: ``gain`` if given, else g0 = log2(L² - L)
-with L = ``length``; :func:`hf_kernel_attn.calibrate` can instead set g_h to the mean s·||q||·||k||
-of the pretrained model on calibration text.
+with L = ``length``; attention transfer (``hf-kernel-attn finetune``) trains g_h, and with
+``projection`` a learnable per-head map on q and k before normalising (``projection.py``).
 """
 
 from __future__ import annotations
