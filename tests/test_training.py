@@ -35,48 +35,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory, smollm2_dir):
-    """A 2-layer Llama with SmolLM2's tokenizer (GQA 4/2), saved as a model folder."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny_llama")
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # peaked attention (random init is near-uniform), so there is something to learn
-        for layer in model.model.layers:
-            layer.self_attn.q_proj.weight.mul_(15)
-            layer.self_attn.k_proj.weight.mul_(15)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory, minilm_dir):
-    """A 2-layer BERT with MiniLM's tokenizer."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    tok = AutoTokenizer.from_pretrained(minilm_dir)
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                     num_attention_heads=4, max_position_embeddings=128, hidden_dropout_prob=0.0,
-                     attention_probs_dropout_prob=0.0)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny_bert")
-    model = BertModel(cfg)
-    with torch.no_grad():  # peaked attention, as in a trained model
-        for layer in model.encoder.layer:
-            layer.attention.self.query.weight.mul_(15)
-            layer.attention.self.key.weight.mul_(15)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def lm_config(model, out, **extra):
     cfg = {
         "model": str(model), "task": "causal_lm", "kernel": "hedgehog",

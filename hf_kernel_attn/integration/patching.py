@@ -256,6 +256,9 @@ def install_hooks() -> None:
         out = orig_save(self, save_directory, *args, **kwargs)
         if getattr(self.config, CONFIG_KEY, None) and kwargs.get("is_main_process", True):
             _mark_saved_config(save_directory)
+            from .remote_code import write_remote_code
+
+            write_remote_code(save_directory, self.config)
         return out
 
     from transformers.cache_utils import DynamicCache
