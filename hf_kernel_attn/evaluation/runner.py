@@ -109,15 +109,19 @@ def _glue_task(spec, model, tok, task, split, data_dir, limit, batch_size):
             for metric, (value, se) in glue_metrics(task, preds, gold).items()]
 
 
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ_i m_i h_i / Σ_i m_i over tokens (sentence-transformers' mean pooling, as all-MiniLM-L6-v2 uses)."""
+    m = mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
+
+
 @torch.no_grad()
 def embed(model, tok, texts: list[str], batch_size: int = 32) -> torch.Tensor:
-    """Mean-pooled last hidden states (sentence-transformers' pooling for all-MiniLM-L6-v2)."""
+    """Mean-pooled last hidden states of ``texts``."""
     out = []
     for s in range(0, len(texts), batch_size):
         enc = tok(texts[s:s + batch_size], padding=True, truncation=True, max_length=512, return_tensors="pt")
-        hidden = model(**enc).last_hidden_state
-        m = enc["attention_mask"].to(hidden.dtype).unsqueeze(-1)
-        out.append(((hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)).float())
+        out.append(mean_pool(model(**enc).last_hidden_state, enc["attention_mask"]).float())
     return torch.cat(out)
 
 

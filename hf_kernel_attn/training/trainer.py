@@ -32,6 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..evaluation.runner import mean_pool
+from ..evaluation.tasks import glue_metrics
 from ..integration.patching import attention_modules, patch
 from ..integration.transfer import attention_transfer, softmax_teacher
 from . import checkpoint as ckpt
@@ -376,7 +378,8 @@ class Trainer:
                     logits = self.model(**self._inputs(batch)).logits
                     preds += (logits[:, 0] if logits.shape[-1] == 1 else logits.argmax(-1)).tolist()
                     gold += batch["labels"].tolist()
-                return glue_scores(self.config["data"]["glue_task"], preds, gold)
+                scores = glue_metrics(self.config["data"]["glue_task"], preds, gold)
+                return {f"val_{name}": value for name, (value, _) in scores.items()}
             if isinstance(rows[0], str):
                 return {}
             sims, gold = [], []
@@ -556,36 +559,6 @@ class Trainer:
             print(f"saved the converted model to {final}", flush=True)
         _barrier()
         return final
-
-
-def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Σ_i m_i h_i / Σ_i m_i (sentence-transformers' mean pooling)."""
-    m = mask.to(hidden.dtype).unsqueeze(-1)
-    return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
-
-
-def glue_scores(task: str, preds: list[float], gold: list[float]) -> dict[str, float]:
-    """The task's GLUE metrics ×100 on held-out rows."""
-    import numpy as np
-
-    p, g = np.asarray(preds), np.asarray(gold)
-    if task == "stsb":
-        from scipy.stats import pearsonr, spearmanr
-
-        return {"val_pearson": 100 * float(pearsonr(p, g).statistic),
-                "val_spearman": 100 * float(spearmanr(p, g).statistic)}
-    acc = float((p == g).mean())
-    out = {"val_accuracy": 100 * acc}
-    if task == "mrpc":
-        tp, fp, fn = float(((p == 1) & (g == 1)).sum()), float(((p == 1) & (g == 0)).sum()), float(
-            ((p == 0) & (g == 1)).sum())
-        out["val_f1"] = 100 * (2 * tp / (2 * tp + fp + fn) if tp else 0.0)
-    if task == "cola":
-        tp, tn = float(((p == 1) & (g == 1)).sum()), float(((p == 0) & (g == 0)).sum())
-        fp, fn = float(((p == 1) & (g == 0)).sum()), float(((p == 0) & (g == 1)).sum())
-        den = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
-        out["val_matthews"] = 100 * ((tp * tn - fp * fn) / den if den else 0.0)
-    return out
 
 
 def _copy_sentence_transformers_files(source: Path, target: Path) -> None:
