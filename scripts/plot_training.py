@@ -21,7 +21,12 @@ def plot(run: Path, out_dir: Path) -> Path:
     fig, axes = plt.subplots(1, len(stages), figsize=(5 * len(stages), 3.4), squeeze=False)
     for ax, stage in zip(axes[0], stages, strict=True):
         rows = [r for r in records if r["stage"] == stage]
-        ax.plot([r["tokens"] / 1e3 for r in rows], [r["loss"] for r in rows], lw=1)
+        x, y = [r["tokens"] / 1e3 for r in rows], [r["loss"] for r in rows]
+        ax.plot(x, y, lw=0.8, alpha=0.45, label="per step")
+        w = min(10, len(y))
+        ax.plot(x[w - 1:], [sum(y[i - w + 1:i + 1]) / w for i in range(w - 1, len(y))], lw=1.6,
+                label=f"mean of {w}")
+        ax.legend(fontsize=7)
         ax.set_title(f"{run.name}: {stage}")
         ax.set_xlabel("training tokens (thousands)")
         ax.set_ylabel("Σ layer MSE" if stage == "transfer" else "loss")
