@@ -75,8 +75,10 @@ def strided_perplexity(model, tokenizer, text: str, *, context: int = 1024, stri
     if limit:
         windows = windows[:limit]
     device = next(model.parameters()).device
+    from tqdm.auto import tqdm
+
     total, count = 0.0, 0
-    for start in range(0, len(windows), batch_size):
+    for start in tqdm(range(0, len(windows), batch_size), desc="perplexity windows", leave=False):
         group = windows[start:start + batch_size]
         if len({e - b for b, e, _ in group}) > 1:  # the last window may be shorter: run it alone
             for w in group:

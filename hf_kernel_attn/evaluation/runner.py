@@ -96,8 +96,10 @@ def _glue_task(spec, model, tok, task, split, data_dir, limit, batch_size):
 
     start = time.perf_counter()
     rows = load_glue(task, split, data_dir)[: limit or None]
+    from tqdm.auto import tqdm
+
     preds, gold = [], []
-    for s in range(0, len(rows), batch_size):
+    for s in tqdm(range(0, len(rows), batch_size), desc=task, leave=False):
         part = rows[s:s + batch_size]
         pair = [r.text_b for r in part] if part[0].text_b is not None else None
         enc = tok([r.text_a for r in part], pair, padding=True, truncation=True, max_length=512, return_tensors="pt")
