@@ -178,7 +178,8 @@ def read_glue_file(task: str, path: str | os.PathLike[str]) -> list[GlueExample]
     return reader(task, fmt, path)
 
 
-def _holdout(rows: Iterable[GlueExample], holdout_every: int, held: bool) -> list[GlueExample]:
+def holdout(rows: Iterable[GlueExample], holdout_every: int, held: bool) -> list[GlueExample]:
+    """Row i is held out when i % holdout_every == holdout_every - 1: those rows (held) or the others."""
     return [r for i, r in enumerate(rows) if (i % holdout_every == holdout_every - 1) == held]
 
 
@@ -240,4 +241,4 @@ def load_glue(
         return read("eval")
     if spec.train_file is None:  # qnli train (hub only): validation is not drawn from train, nothing held out
         return read("train")
-    return _holdout(read("train"), holdout_every, held=split == "validation")
+    return holdout(read("train"), holdout_every, held=split == "validation")

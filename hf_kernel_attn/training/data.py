@@ -84,16 +84,14 @@ def text_blocks(config: dict[str, Any], tokenizer) -> tuple[Split, Split]:
 
 def glue_examples(config: dict[str, Any]) -> tuple[Split, Split]:
     """Rows of the GLUE files in ``data.train`` (``data.glue_task`` layout); every 10th row held out."""
-    from ..data import load_glue, read_glue_file
+    from ..data.glue import holdout, load_glue, read_glue_file
 
     task = config["data"]["glue_task"]
     source = _train_files(config["data"]["train"])
     if isinstance(source, str):
         return Split(load_glue(task, "train")), Split(load_glue(task, "validation"))
     rows = [ex for f in source for ex in read_glue_file(task, f)]
-    train = [ex for i, ex in enumerate(rows) if i % HOLDOUT_EVERY != HOLDOUT_EVERY - 1]
-    valid = [ex for i, ex in enumerate(rows) if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1]
-    return Split(train), Split(valid)
+    return Split(holdout(rows, HOLDOUT_EVERY, held=False)), Split(holdout(rows, HOLDOUT_EVERY, held=True))
 
 
 def sentences(config: dict[str, Any]) -> tuple[Split, Split]:

@@ -253,7 +253,8 @@ class Trainer:
             return
         data = self.config["data"]
         total = sum(self.config["stages"][s]["steps"] for s in STAGES) * data["grad_accum"]
-        needed = sorted({int(i) for j in range(total) for i in self._global_indices(j * self.plan.global_batch)})
+        plan = BatchPlan(self.plan.n, self.plan.seed, self.plan.global_batch)  # every rank's samples
+        needed = sorted({i for j in range(total) for i in plan.indices(j * plan.global_batch)})
         self.teacher = torch.zeros(len(self.train), self.model.config.hidden_size)
         was_training = self.model.training
         self.model.eval()
@@ -265,10 +266,6 @@ class Trainer:
                 out = self.model(**enc).last_hidden_state
                 self.teacher[idx] = mean_pool(out, enc["attention_mask"]).float().cpu()
         self.model.train(was_training)
-
-    def _global_indices(self, position: int) -> list[int]:
-        plan = BatchPlan(self.plan.n, self.plan.seed, self.plan.global_batch)
-        return plan.indices(position)
 
     # ---------------------------------------------------------------- stages
     def _enter(self, stage: str) -> None:
