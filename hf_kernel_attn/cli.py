@@ -86,8 +86,8 @@ def _check_kernels(names: list[str]) -> None:
 def _cmd_decode_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_kernel_attn.bench import format_machine, machine_info
-    from hf_kernel_attn.decoding import run_decode_suite
+    from hf_kernel_attn.speed.decoding import run_decode_suite
+    from hf_kernel_attn.speed.kernel_bench import format_machine, machine_info
 
     _check_kernels(args.kernels)
     if args.threads:
@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--gguf-file", required=True)
     conv.add_argument("--output", required=True)
     conv.set_defaults(func=_cmd_convert)
-    # `bench` options are parsed by hf_kernel_attn.bench_cli (main() forwards them); listed here for --help
+    # `bench` options are parsed by hf_kernel_attn.speed.kernel_bench_cli (main() forwards them); listed here for --help
     sub.add_parser("bench", add_help=False, help="kernel micro-benchmark vs SDPA (see docs/benchmarks.md)")
     dec = sub.add_parser("decode-bench", help="per-token decode latency vs context on a causal LM")
     dec.add_argument("--model", required=True, help="checkpoint folder or hub id")
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["lm-eval"]:
         return _cmd_lm_eval(argv[1:])
     if argv[:1] == ["bench"]:
-        from hf_kernel_attn.bench_cli import main as bench_main
+        from hf_kernel_attn.speed.kernel_bench_cli import main as bench_main
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)

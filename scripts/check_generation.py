@@ -14,8 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_kernel_attn
-from hf_kernel_attn.decoding import cache_bytes_after, compare_with_recomputation
 from hf_kernel_attn.kernels import KERNELS
+from hf_kernel_attn.speed.decoding import cache_bytes_after, compare_with_recomputation
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea, there lived", "Hi"]
 

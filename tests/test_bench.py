@@ -1,4 +1,4 @@
-"""The benchmark harness (hf_kernel_attn.bench and benchmarks/kernel_bench.py) on tiny sizes."""
+"""The benchmark harness (hf_kernel_attn.speed.kernel_bench and benchmarks/kernel_bench.py) on tiny sizes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from hf_kernel_attn.bench import (
+from hf_kernel_attn.kernels import KERNELS, LayerShape, build_kernel
+from hf_kernel_attn.speed.kernel_bench import (
     ROW_KEYS,
     bench_kernel,
     estimate_flops,
@@ -20,7 +21,6 @@ from hf_kernel_attn.bench import (
     measure_peak_memory,
     run_suite,
 )
-from hf_kernel_attn.kernels import KERNELS, LayerShape, build_kernel
 
 TINY = dict(heads=2, head_dim=16, repeats=1, warmup=0)
 CLI_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_bench.py"

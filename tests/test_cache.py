@@ -131,7 +131,7 @@ def test_training_and_no_cache_paths_stay_stateless():
 
 
 def test_decode_suite_reports_constant_state_and_growing_kv():
-    from hf_kernel_attn.decoding import run_decode_suite
+    from hf_kernel_attn.speed.decoding import run_decode_suite
 
     model = tiny_llama("elu")
     rows = run_decode_suite(model, ["elu"], [16, 64], steps=2)
@@ -148,7 +148,7 @@ def test_decode_suite_reports_constant_state_and_growing_kv():
 @pytest.mark.parametrize("kernel", ["softmax", "elu", "taylor", "hybrid"])
 def test_synthetic_cache_has_the_shapes_of_a_real_prefill(kernel):
     """decode-bench --synthetic-cache: same sizes and length as a real prefill, and decoding continues."""
-    from hf_kernel_attn.decoding import cache_bytes, new_cache, synthetic_cache
+    from hf_kernel_attn.speed.decoding import cache_bytes, new_cache, synthetic_cache
 
     model = tiny_llama("elu")
     if kernel == "hybrid":
@@ -168,7 +168,7 @@ def test_synthetic_cache_has_the_shapes_of_a_real_prefill(kernel):
 
 
 def test_synthetic_cache_needs_a_patched_model():
-    from hf_kernel_attn.decoding import synthetic_cache
+    from hf_kernel_attn.speed.decoding import synthetic_cache
 
     model = tiny_llama("elu")
     hf_kernel_attn.unpatch(model)
@@ -178,7 +178,7 @@ def test_synthetic_cache_needs_a_patched_model():
 
 def test_decode_suite_extends_cosformer_horizon():
     """Contexts past max_position_embeddings: cosformer gets a horizon covering them instead of failing."""
-    from hf_kernel_attn.decoding import run_decode_suite
+    from hf_kernel_attn.speed.decoding import run_decode_suite
 
     model = tiny_llama("elu")
     model.config.max_position_embeddings = 32

@@ -1,6 +1,6 @@
 """Speed and memory benchmarks of the attention kernels against SDPA (the ``softmax`` kernel).
 
-    from hf_kernel_attn.bench import run_suite, machine_info, format_table
+    from hf_kernel_attn.speed.kernel_bench import run_suite, machine_info, format_table
     rows = run_suite(["gaussian", "elu"], [1024, 2048], causal_modes=(True,))
     print(machine_info()); print(format_table(rows))
 
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .kernels import KERNELS, Kernel, LayerShape, build_kernel, kernel_class
+from ..kernels import KERNELS, Kernel, LayerShape, build_kernel, kernel_class
 
 BASELINE = "softmax"
 MAX_LEN_QUADRATIC = 32768
@@ -297,7 +297,7 @@ def _quadratic_causal_flops(n: int, batch: int, hq: int, d: int, dv: int) -> flo
     """Matmul FLOPs of the closed-form causal quadratic path (taylor, short sequences): each block of L
     queries scores the keys up to its end E (2·L·E·d) and multiplies by V with its ones column
     (2·L·E·(Dv + 1)), per query head."""
-    from .kernels.feature_maps import QUADRATIC_SCORE_VALUES
+    from ..kernels.feature_maps import QUADRATIC_SCORE_VALUES
 
     block = min(n, max(1, QUADRATIC_SCORE_VALUES // max(1, batch * hq * n)))
     pairs = sum((min(s + block, n) - s) * min(s + block, n) for s in range(0, n, block))

@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from .integration.attention import KERNEL_ATTR
-from .integration.cache import RecurrentStateCache, RecurrentStateLayer, wants_state_cache
-from .integration.patching import attention_modules, patch
-from .kernels.base import accum
-from .kernels.linear import LinearState
+from ..integration.attention import KERNEL_ATTR
+from ..integration.cache import RecurrentStateCache, RecurrentStateLayer, wants_state_cache
+from ..integration.patching import attention_modules, patch
+from ..kernels.base import accum
+from ..kernels.linear import LinearState
 
 
 def new_cache(model: torch.nn.Module):

@@ -3,7 +3,7 @@
     hf-kernel-attn bench --kernels gaussian elu hedgehog --lengths 1024 2048 4096 --causal \
         --output results.json --plot results.png
 
-A thin command line over :func:`hf_kernel_attn.bench.run_suite` (also ``python benchmarks/kernel_bench.py``
+A thin command line over :func:`hf_kernel_attn.speed.kernel_bench.run_suite` (also ``python benchmarks/kernel_bench.py``
 and ``main(argv)``).
 See docs/benchmarks.md for what is measured and how.
 """
@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from .bench import (
+from ..kernels import KERNELS
+from .kernel_bench import (
     MAX_LEN_LINEAR,
     MAX_LEN_QUADRATIC,
     format_machine,
@@ -27,7 +28,6 @@ from .bench import (
     measure_matmul_peak,
     run_suite,
 )
-from .kernels import KERNELS
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,1 @@
+"""Speed measurements: kernel micro-benchmarks (``kernel_bench``) and decoding (``decoding``)."""
