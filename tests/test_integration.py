@@ -69,10 +69,12 @@ def test_softmax_kernel_equals_sdpa(family):
         mask[1, 7:] = 0
     else:
         mask[1, :4] = 0
+    # generate()'s positions (patched decoders derive these themselves; stock SDPA would number the pads)
+    kw = {} if family == "bert" else {"position_ids": (mask.cumsum(-1) - 1).clamp_min(0)}
     with torch.no_grad():
-        ref = hidden(model, ids, mask)
+        ref = hidden(model, ids, mask, **kw)
         model.set_attn_implementation("softmax")
-        out = hidden(model, ids, mask)
+        out = hidden(model, ids, mask, **kw)
     real = mask.bool()
     assert model.config._attn_implementation == "softmax"
     assert (out - ref)[real].abs().max().item() <= 1e-5

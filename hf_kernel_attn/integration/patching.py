@@ -23,6 +23,7 @@ from torch import nn
 
 from ..config import CONFIG_KEY, KernelAttentionConfig
 from ..kernels import KERNELS, Kernel, LayerShape, build_kernel, kernel_class
+from . import positions
 from .attention import KERNEL_ATTR, SAVED_NAME
 
 
@@ -114,6 +115,9 @@ def apply_config(model: nn.Module, kcfg: KernelAttentionConfig) -> nn.Module:
     _attach(model, modules, kcfg)
     setattr(model.config, CONFIG_KEY, kcfg.to_dict())
     model.config._attn_implementation_internal = kcfg.kernel
+    if any(getattr(m, "is_causal", False) for m in modules):
+        # a left-padded plain forward gets generate()'s position_ids (integration/positions.py)
+        positions.install(model)
     return model
 
 
@@ -135,6 +139,7 @@ def patch(model: nn.Module, kernel: str, layers: Any = None, **params: Any) -> n
 
 def unpatch(model: nn.Module, attn_implementation: str = "sdpa") -> nn.Module:
     """Remove every attached kernel and the stored choice; the model runs ``attn_implementation`` again."""
+    positions.remove(model)
     for module in attention_modules(model):
         if hasattr(module, KERNEL_ATTR):
             delattr(module, KERNEL_ATTR)
