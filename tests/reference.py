@@ -3,7 +3,8 @@
 Each reference is written from the paper formula (see docs/kernels.md and the kernel docstrings),
 independently of the package: it never calls a kernel's feature functions, ``linear.py`` or SDPA.
 Only learnable / random *parameters* (hedgehog weights, performer ω, dijiang projection and
-log γ, gaussian / cosine log gains) are read from the kernel module.
+log γ, gaussian / cosine log gains and q/k projections) are read from the kernel module; the learnable
+ones are read without detaching, so autograd through a reference gives their gradients too.
 
 Every reference builds the explicit N×M score (or kernel) matrix per query head in float64, with
 K/V repeated per query head explicitly (query head h reads KV head h // (Hq // Hkv)), applies the
@@ -78,9 +79,13 @@ def softmax_from_logits(logits: torch.Tensor, v: torch.Tensor, vis: torch.Tensor
 
 
 def normalised_kernel(weights: torch.Tensor, v: torch.Tensor, vis: torch.Tensor, eps: float) -> torch.Tensor:
-    """out_i = Σ_j w_ij v_j / max(Σ_j w_ij, eps) over visible j; returns ``[B, N, Hq, Dv]``."""
+    """out_i = Σ_j w_ij v_j / max(Σ_j w_ij, eps) over visible j; returns ``[B, N, Hq, Dv]``.
+    With eps = 0, rows whose weights sum to 0 (no visible key) give 0 instead of 0/0, so that a backward
+    through the other rows stays finite."""
     w = weights * vis
-    return ((w @ v) / w.sum(-1, keepdim=True).clamp_min(eps)).transpose(1, 2)
+    den = w.sum(-1, keepdim=True)
+    den = den.clamp_min(eps) if eps > 0 else torch.where(den > 0, den, torch.ones_like(den))
+    return ((w @ v) / den).transpose(1, 2)
 
 
 def _inputs(q, k, v):
@@ -116,7 +121,7 @@ def gaussian_inv_sigma_sq(kern, head_dim, scaling):
     """1/σ_h² = base · exp(log_gain_h), base = 1/sigma² or the softmax scale (default D^-1/2)."""
     sigma = kern.options.sigma
     base = 1.0 / sigma**2 if sigma is not None else (head_dim**-0.5 if scaling is None else scaling)
-    return base * kern.log_gain.detach().to(f64).exp()  # [Hq]
+    return base * kern.log_gain.to(f64).exp()  # [Hq]; not detached: gradient tests compare d log_gain
 
 
 def project_qk(kern, q, k):
@@ -125,7 +130,7 @@ def project_qk(kern, q, k):
     if proj is None:
         return q, k
     out = []
-    for x, w in ((q.to(f64), proj.q.detach().to(f64)), (k.to(f64), proj.k.detach().to(f64))):
+    for x, w in ((q.to(f64), proj.q.to(f64)), (k.to(f64), proj.k.to(f64))):  # not detached (gradient tests)
         heads = [x[:, h] @ w[h] if proj.mode == "full" else x[:, h] * w[h] for h in range(x.shape[1])]
         out.append(torch.stack(heads, 1))
     return out[0], out[1]
@@ -154,7 +159,7 @@ def gaussian_augment_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None
 
 def cosine_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     """softmax_j(g_h cos(q_i, k_j)), g_h = exp(log_gain_h)."""
-    g = kern.log_gain.detach().to(f64).exp()
+    g = kern.log_gain.to(f64).exp()  # not detached: gradient tests compare d log_gain
     q, k = project_qk(kern, q, k)
     qd, kd, vd = _inputs(q, k, v)
     cos = torch.einsum("bhnd,bhmd->bhnm", qd, kd) / (

@@ -48,7 +48,10 @@ def augment_keys(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.
     """Append a = max ||k|| (per batch and KV head) to q and b_k to k; see the module docstring."""
     k_sq = k.float().pow(2).sum(-1, keepdim=True)  # [B, Hkv, M, 1]
     a = k_sq.amax(dim=-2, keepdim=True).sqrt()  # [B, Hkv, 1, 1]
-    b = k_sq / (a + (a * a - k_sq).clamp_min(0).sqrt()).clamp_min(torch.finfo(torch.float32).tiny)
+    tiny = torch.finfo(torch.float32).tiny
+    gap = a * a - k_sq  # >= 0; exactly 0 for the longest key, whose gap stays 0 when it moves: derivative 0
+    root = torch.where(gap > 0, gap.clamp_min(tiny).sqrt(), torch.zeros_like(gap))  # sqrt'(0) = inf gave NaN dk
+    b = k_sq / (a + root).clamp_min(tiny)
     g = q.shape[1] // k.shape[1]
     a_q = a.repeat_interleave(g, dim=1).expand(-1, -1, q.shape[-2], -1)
     return torch.cat([q.float(), a_q], -1), torch.cat([k.float(), b], -1)
