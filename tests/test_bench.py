@@ -158,13 +158,30 @@ def test_issue4_suite_script_runs_small(tmp_path):
     """benchmarks/issue4_targets.sh with QUICK=1 (tiny sizes, no model): every bench part writes its rows."""
     import json
     import os
+    import shlex
     import subprocess
+    import sys
 
-    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "issue4_targets.sh")
-    env = {**os.environ, "QUICK": "1", "THREADS": "1"}
-    subprocess.run(["bash", script, str(tmp_path)], check=True, env=env, capture_output=True, timeout=300)
+    root = Path(__file__).resolve().parents[1]
+    script = root / "benchmarks" / "issue4_targets.sh"
+    # the script calls `hf-kernel-attn`: put a shim first on PATH that runs this checkout with this interpreter
+    # (not whatever installed copy PATH would find) and logs each call
+    shim_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    shim_dir.mkdir()
+    shim = shim_dir / "hf-kernel-attn"
+    shim.write_text(
+        "#!/bin/sh\n"
+        f"echo \"$1\" >> {shlex.quote(str(log))}\n"
+        f"PYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}} "
+        f"exec {shlex.quote(sys.executable)} -m hf_kernel_attn.cli \"$@\"\n"
+    )
+    shim.chmod(0o755)
+    env = {**os.environ, "QUICK": "1", "THREADS": "1", "PATH": f"{shim_dir}{os.pathsep}{os.environ['PATH']}"}
+    out = tmp_path / "out"
+    subprocess.run(["bash", str(script), str(out)], check=True, env=env, capture_output=True, timeout=300)
+    assert log.read_text().split() == ["bench", "bench", "bench"]
     for name, backward in (("forward", False), ("backward", True), ("memory64k", False)):
-        rows = json.loads((tmp_path / f"{name}.json").read_text())["rows"]
+        rows = json.loads((out / f"{name}.json").read_text())["rows"]
         ok = [r for r in rows if r["status"] == "ok"]
         assert ok and all(r["backward"] is backward for r in ok)
         assert {"elu", "hedgehog", "taylor"} <= {r["kernel"] for r in ok}

@@ -121,13 +121,143 @@ def test_unsupported_operations_raise():
 
 
 def test_training_and_no_cache_paths_stay_stateless():
+    """A cache handed to a gradient-checkpointed training forward is dropped (never touched, same loss as without
+    it), while the same cache in eval does fill; plain forwards without a cache carry no state between calls."""
     model = tiny_llama("dijiang")
     ids = torch.randint(1, 97, (2, 9))
-    cache = RecurrentStateCache(model)
+    other = torch.randint(1, 97, (2, 9))
+    with torch.no_grad():
+        fresh_other = model(other).logits
+        expected = model(ids, use_cache=False).logits
     model.train()
-    loss = model(ids, labels=ids, use_cache=False).loss
+    model.activation_checkpointing_enable()
+    plain_loss = model(ids, labels=ids, use_cache=False).loss
+    cache = RecurrentStateCache(model)
+    loss = model(ids, labels=ids, cache=cache, use_cache=True).loss
     loss.backward()
+    assert loss.item() == plain_loss.item()
     assert cache.get_seq_length() == 0 and all(layer.state is None for layer in cache.layers)
+    # positive control: the same cache object does reach the layers when nothing drops it
+    model.eval()
+    with torch.no_grad():
+        out = model(ids, cache=cache, use_cache=True).logits
+    assert cache.get_seq_length() == 9 and all(layer.state is not None for layer in cache.layers)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    # plain forwards (transformers builds a DynamicCache itself): no recurrent state, nothing kept between calls
+    calls = []
+    orig = RecurrentStateLayer.attend
+    RecurrentStateLayer.attend = lambda self, *a, **k: calls.append(1) or orig(self, *a, **k)
+    try:
+        with torch.no_grad():
+            model(ids)
+            again = model(other).logits
+    finally:
+        RecurrentStateLayer.attend = orig
+    assert not calls
+    assert torch.equal(again, fresh_other)
+
+
+def test_cosformer_small_horizon_prefill_and_decode_offsets():
+    """Horizon 32 (a one-position shift moves cos(π/2·Δ/32) weights by up to 5%): prefill 10 tokens (one row
+    left-padded), decode 20; every chunk reaches the kernel at offset = tokens seen, and the cached logits equal
+    full recomputation in float64."""
+    model = tiny_llama("elu").double()
+    hf_kernel_attn.patch(model, kernel="cosformer", horizon=32)
+    kernel_cls = type(model.model.layers[0].self_attn.kernel_attn)
+    ids = torch.randint(1, 97, (2, 10), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=20, min_new_tokens=20, do_sample=False,
+              return_dict_in_generate=True, output_logits=True)
+    seen = []
+    shift = [0]
+    orig = kernel_cls.forward_with_state
+
+    def spy(self, q, k, v, **kwargs):
+        seen.append((self.shape.layer_idx, kwargs.get("offset", 0), q.shape[-2]))
+        if kwargs.get("offset"):
+            kwargs["offset"] += shift[0]
+        return orig(self, q, k, v, **kwargs)
+
+    def cached_generate():
+        cache = RecurrentStateCache(model)
+        kernel_cls.forward_with_state = spy
+        try:
+            return model.generate(ids, cache=cache, **kw), cache
+        finally:
+            kernel_cls.forward_with_state = orig
+
+    cached, cache = cached_generate()
+    full = model.generate(ids, use_cache=False, **kw)
+    for layer in (0, 1):
+        chunks = [(offset, n) for idx, offset, n in seen if idx == layer]
+        assert chunks == [(0, 10)] + [(10 + t, 1) for t in range(19)]
+    assert cache.get_seq_length() == 29 and all(layer._chunk_offset == 28 for layer in cache.layers)
+    assert torch.equal(cached.sequences, full.sequences)
+    got, expected = torch.stack(cached.logits, 1), torch.stack(full.logits, 1)
+    scale = expected.abs().max().item()
+    assert (got - expected).abs().max().item() <= 1e-5 * scale
+    # the comparison can fail: decode steps placed one position late move the logits far beyond 1e-5
+    shift[0] = 1
+    late, _ = cached_generate()
+    assert (torch.stack(late.logits, 1)[:, 1] - expected[:, 1]).abs().max().item() > 1e-3 * scale
+
+
+def test_sampling_and_return_sequences_match_recomputation():
+    """do_sample with num_return_sequences=3: in float64 the state cache and full recomputation give the same
+    logits, hence (same seed) the same draws; prompts are repeated per sample and the samples differ."""
+    model = tiny_llama("performer").double()
+    ids = torch.randint(1, 97, (2, 6), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=True, num_return_sequences=3,
+              temperature=1.5, top_k=0, top_p=1.0, return_dict_in_generate=True, output_logits=True)
+    torch.manual_seed(5)
+    cached = model.generate(ids, **kw)
+    torch.manual_seed(5)
+    full = model.generate(ids, use_cache=False, **kw)
+    assert cached.sequences.shape == (6, 14)
+    assert torch.equal(cached.sequences, full.sequences)
+    got, expected = torch.stack(cached.logits, 1), torch.stack(full.logits, 1)
+    assert (got - expected).abs().max().item() <= 1e-9 * expected.abs().max().item()
+    assert torch.equal(cached.sequences[:, :6], ids.repeat_interleave(3, 0))
+    for row in range(2):
+        samples = cached.sequences[3 * row:3 * row + 3, 6:]
+        assert not (torch.equal(samples[0], samples[1]) and torch.equal(samples[1], samples[2]))
+
+
+def test_cache_batch_select_repeat_and_reorder_continue_like_recomputation():
+    """batch_select_indices, batch_repeat_interleave and reorder_cache on a hybrid cache (K/V layer + recurrent
+    state): the next step from the edited cache equals recomputing the selected/repeated rows from scratch."""
+    model = tiny_llama("elu")
+    hf_kernel_attn.patch(model, kernel="dijiang", layers={0: "softmax"})
+    model.double()
+    gen = torch.Generator().manual_seed(6)
+    ids = torch.randint(1, 97, (3, 7), generator=gen)
+
+    def prefilled() -> RecurrentStateCache:
+        cache = RecurrentStateCache(model)
+        assert [type(layer).__name__ for layer in cache.layers] == ["DynamicLayer", "RecurrentStateLayer"]
+        model(ids, cache=cache, use_cache=True)
+        return cache
+
+    def check(cache, rows: torch.Tensor) -> None:
+        nxt = torch.randint(1, 97, (rows.numel(), 1), generator=gen)
+        step = model(nxt, cache=cache, use_cache=True).logits[:, -1]
+        again = model(torch.cat([ids[rows], nxt], 1), use_cache=False).logits[:, -1]
+        assert cache.layers[1].state.S.shape[0] == rows.numel() == cache.layers[0].keys.shape[0]
+        assert (step - again).abs().max().item() <= 1e-10 * again.abs().max().item()
+
+    with torch.no_grad():
+        cache = prefilled()
+        cache.batch_select_indices(torch.tensor([2, 0]))
+        check(cache, torch.tensor([2, 0]))
+        cache = prefilled()
+        cache.batch_repeat_interleave(2)
+        check(cache, torch.tensor([0, 0, 1, 1, 2, 2]))
+        cache = prefilled()
+        cache.reorder_cache(torch.tensor([1, 1, 0]))
+        check(cache, torch.tensor([1, 1, 0]))
 
 
 def test_decode_suite_reports_constant_state_and_growing_kv():
