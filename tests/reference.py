@@ -342,13 +342,16 @@ def skyformer_ref(kern, q, k, v, key_mask=None, causal=False, scaling=None):
     return out
 
 
-def exact_gaussian_ref(q, k, v, key_mask=None, scaling=None):
-    """Exact bidirectional row-normalised Gaussian attention with unit bandwidth on s^1/2-scaled q, k."""
+def exact_gaussian_ref(q, k, v, key_mask=None, scaling=None, normalize=True):
+    """Exact bidirectional Gaussian attention with unit bandwidth on s^1/2-scaled q, k: row-normalised, or
+    (normalize=False) Σ_j κ_ij v_j over the real keys."""
     s = _scale(q, scaling)
     qd, kd, vd = _inputs(q, k, v)
     diff = qd[:, :, :, None, :] - kd[:, :, None, :, :]
     kappa = torch.exp(-s * (diff * diff).sum(-1) / 2)
     vis = visible(q.shape[0], q.shape[-2], k.shape[-2], False, key_mask)
+    if not normalize:
+        return torch.einsum("bhnm,bhmd->bnhd", kappa * vis.to(f64), vd)
     return normalised_kernel(kappa, vd, vis, eps=0.0)
 
 

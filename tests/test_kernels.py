@@ -22,9 +22,10 @@ D, DV = 8, 5
 SCALING = 0.3  # deliberately not D^-1/2, so a kernel ignoring `scaling` is caught
 ATOL = RTOL = 1e-4
 
-# per-kernel params for the generic tests; skyformer: few landmarks (a real approximation) and
-# enough Newton–Schulz steps that the iterative inverse matches the reference's exact inverse
-PARAMS = {"skyformer": {"num_landmarks": 8, "newton_iters": 30}}
+# per-kernel params for the generic tests; skyformer: few landmarks (a real approximation, forced: at these
+# lengths `form: auto` would run the exact Gaussian) and enough Newton–Schulz steps that the iterative
+# inverse matches the reference's exact inverse
+PARAMS = {"skyformer": {"num_landmarks": 8, "newton_iters": 30, "form": "nystrom"}}
 
 
 def make_kernel(name, hq=4, hkv=2, params=None, layer_idx=0, max_positions=32, randomize=True, head_dim=D):
@@ -521,3 +522,96 @@ def test_taylor_cost_model_picks_quadratic_for_short_sequences():
     short, long = (torch.zeros(1, 8, n, 64) for n in (1024, 16384))
     assert kern._quadratic_is_cheaper(short, short, short, False)
     assert not kern._quadratic_is_cheaper(long, long, long, False)
+
+
+# ------------------------------------------------------------------- short-sequence dispatch (issue 13)
+
+
+def _taylor_bidirectional_switch(hq, hkv):
+    """The smallest N (= M) at which taylor's bidirectional cost model leaves the quadratic form."""
+    kern = make_kernel("taylor", hq, hkv)
+    for n in range(1, 4096):
+        x = torch.zeros(1, hq, n, D)
+        if not kern._quadratic_is_cheaper(x, x[:, :hkv], torch.zeros(1, hkv, n, DV), False, causal=False):
+            return n
+    raise AssertionError("no switch below 4096")
+
+
+@pytest.mark.parametrize("quadratic_below", [0, 10**6], ids=["features", "quadratic"])
+@pytest.mark.parametrize("heads", [(4, 2), (3, 3)], ids=["gqa", "mha"])
+def test_taylor_bidirectional_paths(quadratic_below, heads):
+    """Both bidirectional evaluation orders of taylor (forced by quadratic_below), padded, vs the reference."""
+    hq, hkv = heads
+    kern = make_kernel("taylor", hq, hkv, {"quadratic_below": quadratic_below}, max_positions=64)
+    q, k, v = make_inputs(2, hq, hkv, 30, 30, seed=41)
+    with torch.no_grad():
+        check(kern, q, k, v, make_mask(2, 30, False, pad=7), False, SCALING)
+
+
+@pytest.mark.parametrize("heads", [(4, 2), (3, 3)], ids=["gqa", "mha"])
+def test_taylor_bidirectional_switch_boundary(heads):
+    """At the cost model's switch N* - 1 (quadratic) and N*, N* + 1 (features) the output equals the reference."""
+    hq, hkv = heads
+    switch = _taylor_bidirectional_switch(hq, hkv)
+    assert 8 < switch < 200  # D = 8: F = 45 features, so the switch sits at a few dozen tokens
+    kern = make_kernel("taylor", hq, hkv, max_positions=256)
+    for n in (switch - 1, switch, switch + 1):
+        q, k, v = make_inputs(2, hq, hkv, n, n, seed=n)
+        assert kern._quadratic_is_cheaper(q, k, v, False, causal=False) == (n < switch)
+        with torch.no_grad():
+            check(kern, q, k, v, make_mask(2, n, False, pad=5), False, SCALING)
+
+
+def test_taylor_bidirectional_cost_model_at_encoder_lengths():
+    """MiniLM's shape (12 heads, D = 32): quadratic up to a few hundred tokens, features at 4k."""
+    kern = make_kernel("taylor", 12, 12, head_dim=32, max_positions=8192)
+    short, long = (torch.zeros(1, 12, n, 32) for n in (128, 4096))
+    assert kern._quadratic_is_cheaper(short, short, short, False, causal=False)
+    assert not kern._quadratic_is_cheaper(long, long, long, False, causal=False)
+
+
+def test_skyformer_exact_form_is_exact_gaussian():
+    """form='exact' (any N, here above the landmark count) equals the exact row-normalised Gaussian, padded;
+    unnormalised too."""
+    n = 20
+    q, k, v = make_inputs(2, 4, 2, n, n, seed=42)
+    mask = make_mask(2, n, False, pad=6)
+    rows = ref.real_queries(2, n, n, False, mask)
+    kern = make_kernel("skyformer", 4, 2, {"form": "exact", "num_landmarks": 4})
+    out = kern(q, k, v, key_mask=mask, causal=False, scaling=SCALING)
+    expected = ref.exact_gaussian_ref(q, k, v, key_mask=mask, scaling=SCALING)
+    torch.testing.assert_close(out.double()[rows], expected[rows], atol=ATOL, rtol=RTOL)
+    raw = make_kernel("skyformer", 4, 2, {"form": "exact", "normalize": False})
+    out = raw(q, k, v, key_mask=mask, causal=False, scaling=SCALING)
+    expected = ref.exact_gaussian_ref(q, k, v, key_mask=mask, scaling=SCALING, normalize=False)
+    torch.testing.assert_close(out.double()[rows], expected[rows], atol=ATOL, rtol=RTOL)
+
+
+def test_skyformer_auto_form_boundaries():
+    """form='auto': N = landmarks - 1, landmarks (exact), and at the cost model's switch N* - 1 (exact) and
+    N*, N* + 1 (Nyström) -- each against its own brute-force reference."""
+    from hf_kernel_attn.kernels.skyformer import exact_is_cheaper
+
+    params = {"num_landmarks": 8, "newton_iters": 30, "form": "auto"}
+    kern = make_kernel("skyformer", 4, 2, params)
+    switch = next(n for n in range(2, 4096) if not exact_is_cheaper(n, D, DV, 8, 30))
+    assert switch > 9
+    for n in (7, 8, 9, switch - 1, switch, switch + 1):
+        q, k, v = make_inputs(2, 4, 2, n, n, seed=100 + n)
+        mask = make_mask(2, n, False, pad=3)
+        exact = kern.uses_exact(n, D, DV)
+        assert exact == (n < switch)
+        out = kern(q, k, v, key_mask=mask, causal=False, scaling=SCALING)
+        if exact:
+            expected = ref.exact_gaussian_ref(q, k, v, key_mask=mask, scaling=SCALING)
+        else:
+            expected = ref.skyformer_ref(kern, q, k, v, key_mask=mask, scaling=SCALING)
+        rows = ref.real_queries(2, n, n, False, mask)
+        torch.testing.assert_close(out.double()[rows], expected[rows], atol=ATOL, rtol=RTOL)
+
+
+def test_skyformer_default_form_is_exact_at_minilm_lengths():
+    """Defaults (64 landmarks, 6 Newton steps) on MiniLM's head dim: exact at 45 and 128 tokens, Nyström at 4k."""
+    kern = make_kernel("skyformer", 12, 12, {"form": "auto", "num_landmarks": 64, "newton_iters": 6}, head_dim=32)
+    assert kern.uses_exact(45, 32, 32) and kern.uses_exact(128, 32, 32)
+    assert not kern.uses_exact(4096, 32, 32)

@@ -88,7 +88,11 @@ class LinearKernel(Kernel):
         scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
         if not self._needs_grad(q, k, v, state):
             if not causal and self.log_decay() is None:
+                if self._quadratic_is_cheaper(q, k, v, False, causal=False):
+                    return self._bidirectional_quadratic(q, k, v, key_mask, scaling, offset), None
                 return self._bidirectional_blocked(q, k, v, key_mask, scaling, offset), None
+            if not causal and self._decayed_quadratic_is_cheaper(q, k, v):
+                return self._bidirectional_decayed_quadratic(q, k, v, key_mask, scaling, offset), None
             if causal and state is None and q.shape[-2] == k.shape[-2] and self._quadratic_is_cheaper(
                     q, k, v, need_state):
                 return self._causal_quadratic(q, k, v, key_mask, scaling, offset, need_state)
@@ -129,19 +133,23 @@ class LinearKernel(Kernel):
         chunk = self.options.chunk_size
         return max(chunk, BLOCK_FEATURE_VALUES // max(1, rows * self.num_features()) // chunk * chunk)
 
-    def _quadratic_is_cheaper(self, q, k, v, need_state) -> bool:
-        """For a kernel with a closed form: is the causal quadratic form (no features for the queries, none
-        for the keys unless a state is wanted) less matmul work than the chunked scan? Per query row,
-        quadratic ≈ N·(d + Dv + 1) (causal half); the scan ≈ 2·C·(d + Dv + 1) + 2·F·(Dv + 1)·(1 + 1/G),
-        weighted by SCAN_COST_FACTOR; the state adds 2·F·(Dv + 1)/G. The option ``quadratic_below``
-        overrides this."""
+    def _quadratic_is_cheaper(self, q, k, v, need_state, causal: bool = True) -> bool:
+        """For a kernel with a closed form: is the quadratic form (no features for the queries, none for the
+        keys unless a state is wanted) less matmul work than the linear form? Per query row, causal:
+        quadratic ≈ N·(d + Dv + 1) (half of 2N), the scan ≈ 2·C·(d + Dv + 1) + 2·F·(Dv + 1)·(1 + 1/G)
+        weighted by SCAN_COST_FACTOR, and the state adds 2·F·(Dv + 1)/G; bidirectional: quadratic ≈
+        2·M·(d + Dv + 1), linear ≈ 2·F·(Dv + 1)·(1 + M/(N·G)) + F·(1 + M/(N·G)) for the features. The
+        option ``quadratic_below`` (N at most this: quadratic) overrides the choice in both modes."""
         if type(self).closed_form is LinearKernel.closed_form or self.log_decay() is not None:
             return False
-        n, d, dv, g = q.shape[-2], q.shape[-1], v.shape[-1], q.shape[1] // k.shape[1]
+        n, m, d, dv, g = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[1] // k.shape[1]
         fixed = getattr(self.options, "quadratic_below", None)
         if fixed is not None:
             return n <= fixed
         f, c = self.num_features(), min(self.options.chunk_size, n)
+        if not causal:
+            keys_per_row = m / max(1, n * g)
+            return 2 * m * (d + dv + 1) < (2 * f * (dv + 1) + f) * (1 + keys_per_row)
         quadratic = n * (d + dv + 1) + (2 * f * (dv + 1) / g if need_state else 0)
         return quadratic < SCAN_COST_FACTOR * (2 * c * (d + dv + 1) + 2 * f * (dv + 1) * (1 + 1 / g))
 
@@ -204,6 +212,63 @@ class LinearKernel(Kernel):
             return out, None
         kpos = torch.arange(offset, offset + n, device=q.device)
         return out, linear.LinearState.from_augmented(self._key_state(k, v, key_mask, kpos, scaling), b)
+
+    def _decayed_quadratic_is_cheaper(self, q, k, v) -> bool:
+        """Bidirectional with a decay (DiJiang: γ^|i-j|): is one N×M score matrix from the features less
+        matmul work than the two chunked scans? Per query row, M·(F + Dv + 1) against twice the scan's
+        2·C·(F + Dv + 1) + 2·F·(Dv + 1)·(1 + 1/G), weighted by SCAN_COST_FACTOR."""
+        if self.log_decay() is None:
+            return False
+        n, m, dv, g = q.shape[-2], k.shape[-2], v.shape[-1], q.shape[1] // k.shape[1]
+        f, c = self.num_features(), min(self.options.chunk_size, n)
+        scans = 2 * (2 * c * (f + dv + 1) + 2 * f * (dv + 1) * (1 + 1 / g))
+        return m * (f + dv + 1) <= SCAN_COST_FACTOR * scans
+
+    def _bidirectional_decayed_quadratic(self, q, k, v, key_mask, scaling, offset):
+        """w_ij = γ^|pos_i - pos_j| φ(q_i)·φ(k_j) as explicit scores, a block of queries at a time (query i at
+        position offset + M - N + i, key j at offset + j), normalised over the real keys."""
+        b, hq, n, _ = q.shape
+        m, dv = k.shape[-2], v.shape[-1]
+        fq, fk = self.features(q, k, scaling, offset)  # [B, Hkv, G, N, F], [B, Hkv, M, F]
+        if key_mask is not None:
+            fk = fk * key_mask[:, None, :, None].to(fk.dtype)
+        fkt = fk.transpose(-1, -2).unsqueeze(2)  # [B, Hkv, 1, F, M]
+        v3 = linear.with_ones(accum(v)).unsqueeze(2)  # [B, Hkv, 1, M, Dv + 1]
+        log_gamma = self.log_decay().to(fq.dtype)[:, None, None, None]  # [Hkv, 1, 1, 1]
+        kpos = torch.arange(m, device=q.device, dtype=fq.dtype)
+        out = q.new_empty(b, n, hq, dv)
+        block = min(n, max(1, QUADRATIC_SCORE_VALUES // max(1, b * hq * m)))
+        for start in range(0, n, block):
+            end = min(start + block, n)
+            qpos = torch.arange(m - n + start, m - n + end, device=q.device, dtype=fq.dtype)
+            decay = (log_gamma * (qpos[:, None] - kpos[None, :]).abs()).exp_()  # [Hkv, 1, L, M]
+            scores = (fq[:, :, :, start:end] @ fkt).mul_(decay)  # [B, Hkv, G, L, M]
+            o = scores @ v3  # [B, Hkv, G, L, Dv + 1]
+            res = torch.div(o[..., :dv], o[..., dv:].clamp_min(self.options.eps))
+            out[:, start:end] = res.reshape(b, hq, end - start, dv).transpose(1, 2)
+        return out
+
+    def _bidirectional_quadratic(self, q, k, v, key_mask, scaling, offset):
+        """Bidirectional attention straight from the closed form, a block of queries at a time against
+        every key (scores of one block at most QUADRATIC_SCORE_VALUES, never all N×M at once)."""
+        b, hq, n, _ = q.shape
+        hkv, m, dv = k.shape[1], k.shape[-2], v.shape[-1]
+        g = hq // hkv
+        self.check_positions(offset + m)
+        closed = self.closed_form(q, k, scaling)
+        qp = linear.query_rows(group_queries(closed.q, hkv))
+        kt = closed.k.reshape(b * hkv, m, -1).transpose(1, 2)
+        weight = None if key_mask is None else _key_weight(key_mask, hkv, kt.dtype)
+        v3 = linear.with_ones(accum(v)).view(b * hkv, m, dv + 1)
+        out = q.new_empty(b, n, hq, dv)
+        block = min(n, max(1, QUADRATIC_SCORE_VALUES // max(1, b * hq * m)))
+        for start in range(0, n, block):
+            end = min(start + block, n)
+            scores = closed.fn(torch.bmm(qp[:, start * g:end * g], kt))
+            if weight is not None:
+                scores.mul_(weight[:, None, :])
+            self._write_normalized(out, start, torch.bmm(scores, v3))
+        return out
 
     def _bidirectional_blocked(self, q, k, v, key_mask, scaling, offset):
         """Bidirectional forward without autograd: S = Σ φ(k)[v, 1]ᵀ over blocks of keys, then φ(q) S and
@@ -646,7 +711,7 @@ def _upper_triangle(d: int, device: torch.device) -> tuple[torch.Tensor, torch.T
 
 @dataclasses.dataclass
 class TaylorOptions(LinearOptions):
-    quadratic_below: int | None = None  # causal, no grad: quadratic form up to this N; None = by matmul cost
+    quadratic_below: int | None = None  # no grad: quadratic form up to this N (both modes); None = by matmul cost
 
     def validate(self) -> None:
         super().validate()

@@ -96,30 +96,40 @@ class GaussianKernel(Kernel):
             q, k = augment_keys(q, k)
         inv = self.inv_sigma_sq(scaling, head_dim)[None, :, None, None]
         if not self.options.normalize:
-            return self._unnormalized(q, k, v, key_mask, causal, inv).to(dtype)
-        # fp32 throughout: the key-norm bias is large, and a data-dependent shift to tame it in low
-        # precision would let later keys perturb earlier rows' rounding
-        kf = k.float()
-        bias = -kf.pow(2).sum(-1, keepdim=True) / 2
-        q2 = torch.cat([q.float(), torch.ones_like(q[..., :1], dtype=torch.float32)], -1) * inv
-        k2 = torch.cat([kf, bias], -1)
-        # torch's fused CPU kernels need equal q/k and v head dims: pad v with zeros, drop them after
-        vf = v.float()
-        pad = q2.shape[-1] - vf.shape[-1]
-        if pad > 0:
-            vf = torch.cat([vf, vf.new_zeros(*vf.shape[:-1], pad)], -1)
-        out = fused_attention(q2, k2, vf, key_mask=key_mask, causal=causal, scale=1.0, dropout=dropout)
-        return out[..., : v.shape[-1]].to(dtype)
+            return unnormalized_gaussian(q, k, v, inv, key_mask=key_mask, causal=causal).to(dtype)
+        return normalized_gaussian(q, k, v, inv, key_mask=key_mask, causal=causal, dropout=dropout).to(dtype)
 
-    def _unnormalized(self, q, k, v, key_mask, causal, inv) -> torch.Tensor:
-        """Σ_j exp(-||q_i - k_j||²/(2σ²)) v_j, no row normalisation (Skyformer's 'kernelized' form)."""
-        g = q.shape[1] // k.shape[1]
-        kf = k.float().repeat_interleave(g, 1) if g > 1 else k.float()
-        vf = v.float().repeat_interleave(g, 1) if g > 1 else v.float()
-        dist = torch.cdist(q.float(), kf).pow(2)
-        w = torch.exp(-dist * inv / 2)
-        mask = visibility_mask(key_mask, q.shape[-2], k.shape[-2], causal, q.device)
-        if mask is not None:
-            w = w * mask
-        return (w @ vf).transpose(1, 2).contiguous()
+
+def normalized_gaussian(q, k, v, inv: torch.Tensor | float, *, key_mask=None, causal=False,
+                        dropout: float = 0.0) -> torch.Tensor:
+    """Row-normalised exp(-inv ||q_i - k_j||²/2) attention as one fused SDPA call: softmax over
+    q'' = [q, 1]·inv, k'' = [k, -||k||²/2] (``inv`` a float or ``[1, Hq, 1, 1]``); returns fp32
+    ``[B, N, Hq, Dv]``."""
+    # fp32 throughout: the key-norm bias is large, and a data-dependent shift to tame it in low
+    # precision would let later keys perturb earlier rows' rounding
+    kf = k.float()
+    bias = -kf.pow(2).sum(-1, keepdim=True) / 2
+    q2 = torch.cat([q.float(), torch.ones_like(q[..., :1], dtype=torch.float32)], -1) * inv
+    k2 = torch.cat([kf, bias], -1)
+    # torch's fused CPU kernels need equal q/k and v head dims: pad v with zeros, drop them after
+    vf = v.float()
+    pad = q2.shape[-1] - vf.shape[-1]
+    if pad > 0:
+        vf = torch.cat([vf, vf.new_zeros(*vf.shape[:-1], pad)], -1)
+    out = fused_attention(q2, k2, vf, key_mask=key_mask, causal=causal, scale=1.0, dropout=dropout)
+    return out[..., : v.shape[-1]]
+
+
+def unnormalized_gaussian(q, k, v, inv: torch.Tensor | float, *, key_mask=None, causal=False) -> torch.Tensor:
+    """Σ_j exp(-inv ||q_i - k_j||²/2) v_j, no row normalisation (Skyformer's 'kernelized' form); fp32
+    ``[B, N, Hq, Dv]``."""
+    g = q.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(g, 1) if g > 1 else k.float()
+    vf = v.float().repeat_interleave(g, 1) if g > 1 else v.float()
+    dist = torch.cdist(q.float(), kf).pow(2)
+    w = torch.exp(-dist * inv / 2)
+    mask = visibility_mask(key_mask, q.shape[-2], k.shape[-2], causal, q.device)
+    if mask is not None:
+        w = w * mask
+    return (w @ vf).transpose(1, 2).contiguous()
 

