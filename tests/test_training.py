@@ -96,6 +96,7 @@ def test_config_defaults_and_overrides(tmp_path):
         ("stages.transfer.schedule=cos", "schedule must be one of"),
         ("stages.transfer.max_minutes=-1", "max_minutes must be > 0"),
         ("stages.transfer.loss=kl", "stages.transfer.loss must be one of"),
+        ("budget_clock=gpu", "budget_clock must be one of"),
         ("stages=3", "is a section"),
         ("novalue", "--set expects KEY=VALUE"),
     ],
@@ -196,7 +197,7 @@ def test_transfer_trains_only_kernel_parameters(tiny_llama, tmp_path):
     final = Trainer(cfg).run()
     log = read_log(tmp_path / "o")
     assert [r["step"] for r in log] == list(range(1, 31))
-    for key in ("stage", "step", "loss", "lr", "tokens", "seconds"):
+    for key in ("stage", "step", "loss", "lr", "tokens", "seconds", "cpu_seconds"):
         assert key in log[0]
     assert log[-1]["tokens"] == 30 * 4 * 32
     base = AutoModelForCausalLM.from_pretrained(tiny_llama)
@@ -228,6 +229,22 @@ def test_kernel_without_parameters_skips_transfer(tiny_llama, tmp_path):
     Trainer(cfg).run()
     log = read_log(tmp_path / "o")
     assert {r["stage"] for r in log} == {"lora"} and len(log) == 4
+
+
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_budget_clock(tiny_llama, tmp_path, monkeypatch, clock):
+    """max_minutes = 0.6 s with 0.4 s of sleep before each step: the wall clock ends the stage by step 2;
+    the CPU clock does not count the sleep (a busy machine's waiting), so all 4 steps run."""
+    monkeypatch.setenv("HF_KERNEL_ATTN_STEP_DELAY", "0.4")
+    cfg = load_config(write_config(tmp_path / "c.yaml", lm_config(
+        tiny_llama, tmp_path / "o", kernel="elu", budget_clock=clock,
+        **{"stages.lora.steps": 4, "stages.lora.max_minutes": 0.6 / 60, "validate": False})))
+    from hf_kernel_attn.training import Trainer
+
+    Trainer(cfg).run()
+    log = read_log(tmp_path / "o")
+    assert len(log) <= 2 if clock == "wall" else len(log) == 4
+    assert all(r["cpu_seconds"] > 0 for r in log)
 
 
 # ----------------------------------------------------------------------------------- resume / kill

@@ -18,6 +18,7 @@ import yaml
 TASKS = ("causal_lm", "sequence_classification", "sentence_embedding")
 STAGES = ("transfer", "lora", "full")
 SCHEDULES = ("constant", "cosine", "linear")
+BUDGET_CLOCKS = ("wall", "cpu")
 
 _STAGE = {"steps": 0, "lr": 1e-3, "max_minutes": None, "warmup_steps": 0, "schedule": "constant",
           "weight_decay": 0.0, "max_grad_norm": None}
@@ -53,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "merge_lora": True,
     "validate": True,            # score the held-out slice before training and after each stage
     "threads": None,
+    "budget_clock": "wall",      # max_minutes in wall-clock minutes, or cpu: process CPU time / torch threads
     "log_with": "auto",          # auto (tensorboard when installed) | none | tensorboard | wandb ...
 }
 REQUIRED = ("model", "kernel", "output_dir")
@@ -216,6 +218,8 @@ def validate(config: dict[str, Any]) -> None:
         _check(data["glue_task"] in GLUE_TASKS,
                f"task sequence_classification needs data.glue_task, one of {sorted(GLUE_TASKS)}; "
                f"got {data['glue_task']!r}")
+    _check(config["budget_clock"] in BUDGET_CLOCKS,
+           f"budget_clock must be one of {list(BUDGET_CLOCKS)}, got {config['budget_clock']!r}")
     _check(_is_int(config["seed"]), f"seed must be an integer >= 0, got {config['seed']!r}")
     _check(_is_int(config["save_every"]), f"save_every must be an integer >= 0, got {config['save_every']!r}")
     _check(_is_int(config["keep_checkpoints"], 1), "keep_checkpoints must be an integer >= 1")

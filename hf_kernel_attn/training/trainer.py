@@ -407,7 +407,7 @@ class Trainer:
         self._load()
         self._load_data()
         state = {"global_step": 0, "stage": None, "stage_step": 0, "stage_done": False, "position": 0,
-                 "tokens": 0, "seconds": 0.0, "stage_seconds": 0.0, "world": self.world}
+                 "tokens": 0, "seconds": 0.0, "cpu_seconds": 0.0, "stage_seconds": 0.0, "world": self.world}
         resume_from = ckpt.latest_checkpoint(self.out) if self.resume else None
         if self.resume and resume_from is None and self.main:
             print(f"--resume: no complete checkpoint in {self.out}; starting from the beginning", flush=True)
@@ -424,6 +424,7 @@ class Trainer:
         self.accelerator.init_trackers("tensorboard")
         self._teacher_embeddings()
         self.t0 = time.perf_counter() - state["seconds"]
+        self.cpu0 = time.process_time() - state.get("cpu_seconds", 0.0)
         active = [s for s in STAGES if cfg["stages"][s]["steps"] > 0]
         done_before = active.index(state["stage"]) if state["stage"] in active else -1
         if resume_from is None and cfg["validate"]:
@@ -463,7 +464,8 @@ class Trainer:
             ckpt.set_rng_state(ckpt.load_file(resume_from, "rng.pt"))
         accum, budget = cfg["data"]["grad_accum"], stage_cfg["max_minutes"]
         clip = stage_cfg["max_grad_norm"]
-        stage_start = time.perf_counter() - state["stage_seconds"]
+        clock = _budget_clock(cfg["budget_clock"])
+        stage_start = clock() - state["stage_seconds"]
         bar = None
         if self.main:
             from tqdm.auto import tqdm
@@ -501,11 +503,13 @@ class Trainer:
             state["stage_step"] += 1
             state["tokens"] += tokens
             state["seconds"] = time.perf_counter() - self.t0
-            state["stage_seconds"] = time.perf_counter() - stage_start
+            state["cpu_seconds"] = time.process_time() - self.cpu0
+            state["stage_seconds"] = clock() - stage_start
             step_seconds = time.perf_counter() - step_start
             record = {"stage": stage, "step": state["global_step"], "stage_step": state["stage_step"],
                       "loss": loss_value, "lr": lr, "tokens": state["tokens"],
-                      "seconds": round(state["seconds"], 3), "tokens_per_second": round(tokens / step_seconds, 1)}
+                      "seconds": round(state["seconds"], 3), "cpu_seconds": round(state["cpu_seconds"], 3),
+                      "tokens_per_second": round(tokens / step_seconds, 1)}
             self._log(record)
             self.accelerator.log({f"{stage}/loss": loss_value, f"{stage}/lr": lr}, step=state["global_step"])
             if bar is not None:
@@ -518,8 +522,8 @@ class Trainer:
             if last:
                 state["stage_done"] = True
                 if over and self.main:
-                    print(f"stage {stage}: budget of {budget} min reached after {state['stage_step']} steps",
-                          flush=True)
+                    print(f"stage {stage}: budget of {budget} min ({cfg['budget_clock']} clock) reached after "
+                          f"{state['stage_step']} steps", flush=True)
             if last or (cfg["save_every"] and state["global_step"] % cfg["save_every"] == 0):
                 self._save(dict(state), optimizer, scheduler)
             if last:
@@ -573,3 +577,14 @@ def _copy_sentence_transformers_files(source: Path, target: Path) -> None:
 def finetune(config: dict[str, Any], resume: bool = False) -> Path:
     """Run the conversion described by ``config`` (see :mod:`hf_kernel_attn.training.config`)."""
     return Trainer(config, resume=resume).run()
+
+
+def _budget_clock(kind: str):
+    """Seconds for ``max_minutes``: wall-clock, or (``cpu``) this process's CPU time divided by torch's thread
+    count -- the minutes the run would take with its threads to itself, so a budget measured on a shared
+    machine does not shrink when other work competes for the cores."""
+    if kind == "cpu":
+        threads = max(1, torch.get_num_threads())
+        return lambda: time.process_time() / threads
+    return time.perf_counter
+
