@@ -37,6 +37,12 @@ class LinearOptions(KernelOptions):
             raise ValueError(f"chunk_size must be an integer > 0, got {self.chunk_size!r}")
 
 
+def dense(x: torch.Tensor) -> torch.Tensor:
+    """The accumulation dtype, contiguous: transformers hands q/k over as transposed views, and a feature map's
+    matmul on a strided view runs several times slower than on dense rows (one copy is cheaper)."""
+    return accum(x).contiguous()
+
+
 class LinearKernel(Kernel):
     """out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / max(φ(q_i)ᵀ Σ_j φ(k_j), eps)."""
 
@@ -65,8 +71,8 @@ class LinearKernel(Kernel):
         n, m = q.shape[-2], k.shape[-2]
         self.check_positions(offset + m)
         kpos = torch.arange(offset, offset + m, device=q.device)
-        fq = self.feature_q(group_queries(accum(q), k.shape[1]), kpos[m - n:], scaling)
-        fk = self.feature_k(accum(k), kpos, scaling)
+        fq = self.feature_q(group_queries(dense(q), k.shape[1]), kpos[m - n:], scaling)
+        fk = self.feature_k(dense(k), kpos, scaling)
         return fq, fk
 
     def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0, state=None, offset=0):
@@ -155,7 +161,7 @@ class LinearKernel(Kernel):
 
     def _key_features(self, k, pos, scaling, key_mask):
         """φ(k) of a slice of keys (fp32), zero for padded keys (``key_mask`` the same slice, or None)."""
-        fk = self.feature_k(accum(k), pos, scaling)
+        fk = self.feature_k(dense(k), pos, scaling)
         return fk if key_mask is None else fk * key_mask[:, None, :, None].to(fk.dtype)
 
     def _key_state(self, k, v, key_mask, kpos, scaling):
@@ -283,7 +289,7 @@ class LinearKernel(Kernel):
         for start in range(0, n, block):
             end = min(start + block, n)
             pos = kpos[m - n + start:m - n + end]
-            fq = self.feature_q(group_queries(accum(q[:, :, start:end]), hkv), pos, scaling)
+            fq = self.feature_q(group_queries(dense(q[:, :, start:end]), hkv), pos, scaling)
             self._write_normalized(out, start, torch.bmm(linear.query_rows(fq), s_aug))
         return out
 
@@ -308,7 +314,7 @@ class LinearKernel(Kernel):
             length = end - start
             keys = slice(prefix + start, prefix + end)
             mask = None if key_mask is None else key_mask[:, keys]
-            fq = self.feature_q(group_queries(accum(q[:, :, start:end]), hkv), kpos[keys], scaling)
+            fq = self.feature_q(group_queries(dense(q[:, :, start:end]), hkv), kpos[keys], scaling)
             fk = self._key_features(k[:, :, keys], kpos[keys], scaling, mask).reshape(b * hkv, length, -1)
             v3 = linear.with_ones(accum(v[:, :, keys])).view(b * hkv, length, dv + 1)
             if s_aug is None:
