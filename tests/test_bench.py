@@ -108,8 +108,9 @@ def _baddbmm_flops(self_shape, a_shape, b_shape, out_shape=None, **kwargs) -> in
     return 2 * batch * rows * inner * b_shape[-1]
 
 
-@pytest.mark.parametrize("name,causal", [("elu", True), ("elu", False), ("taylor", True), ("performer", True),
-                                         ("hedgehog", False), ("dijiang", False), ("cosformer", True)])
+@pytest.mark.parametrize("name,causal", [("elu", True), ("elu", False), ("taylor", True), ("taylor", False),
+                                         ("performer", True), ("hedgehog", False), ("dijiang", False),
+                                         ("cosformer", True)])
 def test_linear_flops_match_torch_flop_counter(name, causal):
     """The hand count of the chunked/bidirectional algorithm equals torch's count of its matmuls."""
     kern = build_kernel(name, LayerShape(4, 2, 16, 0, 512))
@@ -121,6 +122,19 @@ def test_linear_flops_match_torch_flop_counter(name, causal):
     with FlopCounterMode(display=False, custom_mapping=inplace) as counter, torch.no_grad():
         kern(q, k, v, causal=causal)
     assert estimate_flops(kern, n, batch=2, causal=causal) == counter.get_total_flops()
+
+
+def test_skyformer_flops_per_form():
+    """Nyström: torch's count of its matmuls stays below the hand count (cdist is counted by hand only); the
+    exact form (fused SDPA, which torch's CPU counter does not see) is the N² count on D + 1 coordinates."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 40, 16, generator=gen) for _ in range(3))
+    kern = build_kernel("skyformer", LayerShape(4, 4, 16, 0, 512), {"form": "nystrom", "num_landmarks": 8})
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        kern(q, k, v, causal=False)
+    assert 0 < counter.get_total_flops() <= estimate_flops(kern, 40, batch=2, causal=False)
+    exact = build_kernel("skyformer", LayerShape(4, 4, 16, 0, 512), {"form": "exact"})
+    assert estimate_flops(exact, 40, batch=2, causal=False) == 2 * 2 * 4 * 40 * 40 * 2 * 17
 
 
 def test_machine_peak_and_memory():

@@ -467,7 +467,7 @@ class PerformerKernel(LinearKernel):
     def __init__(self, shape: LayerShape, options: PerformerOptions):
         super().__init__(shape, options)
         d = shape.head_dim
-        m = options.num_features or int(d * math.log(d))
+        m = options.num_features or max(1, int(d * math.log(d)))  # ⌊D ln D⌋, at least 1 (D = 1 gives 0)
         if options.learnable:
             self.omega = nn.Parameter(torch.empty(m, d))
         else:

@@ -311,10 +311,12 @@ def estimate_flops(kernel: Kernel, n: int, *, batch: int = 1, causal: bool, back
       (gaussian's q·k runs on D + 1 coordinates);
     * linear, causal: the chunked algorithm's matmuls with F features (:func:`_chunked_causal_flops`);
     * linear, bidirectional: 2·B·(Hkv + Hq)·N·F·(Dv + 1), i.e. ≈ 4·B·H·N·F·D (two causal scans
-      instead when the kernel has a decay, as DiJiang);
+      instead when the kernel has a decay, as DiJiang); at short N without autograd the score-matrix forms,
+      2·B·Hq·N²·(d + Dv + 1) with d = D (taylor's closed form) or F (DiJiang's decayed features);
     * linear kernels add their feature projection (performer ω, hedgehog W, DiJiang DCT): 2·N·D·P per head
       for q and k;
-    * skyformer: landmark Gram matrices, Newton–Schulz iterations and the right-to-left products.
+    * skyformer: landmark Gram matrices, Newton–Schulz iterations and the right-to-left products; where it
+      runs the exact Gaussian (``form``), the fused attention on D + 1 coordinates.
     """
     s = kernel.shape
     hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
@@ -333,13 +335,19 @@ def estimate_flops(kernel: Kernel, n: int, *, batch: int = 1, causal: bool, back
             per_seq = _quadratic_causal_flops(n, batch, hq, d, dv)
         elif causal:
             per_seq = _chunked_causal_flops(n, chunk, f, dv, hq, hkv, d if closed else None)
+        elif closed and kernel._quadratic_is_cheaper(*meta, False, causal=False):
+            per_seq = hq * 2.0 * n * n * (d + dv + 1)  # closed-form scores on D coordinates, then V
+        elif kernel.log_decay() is not None and not backward and kernel._decayed_quadratic_is_cheaper(*meta):
+            per_seq = hq * 2.0 * n * n * (f + dv + 1)  # the decayed score matrix from features, then V
         elif kernel.log_decay() is not None:
             per_seq = 2 * _chunked_causal_flops(n, chunk, f, dv, hq, hkv)
         else:
             per_seq = 2.0 * (hkv + hq) * n * f * (dv + 1)  # values with their ones column
         per_seq += 2.0 * n * d * _projection_width(kernel, backward) * (hq + hkv)
         fwd = batch * per_seq
-    else:  # skyformer (bidirectional only), after repeating K/V to the query heads
+    elif not backward and kernel.uses_exact(n, d, dv):  # skyformer's exact Gaussian: fused SDPA, D + 1 wide
+        fwd = 2.0 * batch * hq * n * n * (2 * (d + 1))
+    else:  # skyformer's Nyström (bidirectional only), after repeating K/V to the query heads
         opts = kernel.options
         lm = 2 * min(opts.num_landmarks // 2, n)
         per_head = (
