@@ -57,6 +57,10 @@ class KernelAttentionConfig:
             chosen = {_layer_index(i, num_layers) for i in layers}
             if num_layers is None:
                 raise ValueError("a list of layers needs the model's number of layers; use patch()/from_pretrained()")
+            bad = sorted(i for i in chosen if i >= num_layers)
+            if bad:
+                raise ValueError(f"layers={list(layers)!r}: layer index {bad} out of range: the model has {num_layers} "
+                                 f"attention layers (valid indices 0..{num_layers - 1}, or -{num_layers}..-1)")
             overrides = {i: LayerChoice("softmax") for i in range(num_layers) if i not in chosen}
         else:
             raise ValueError(
@@ -85,21 +89,48 @@ class KernelAttentionConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KernelAttentionConfig:
+        """Read ``config.kernel_attention`` (e.g. from a saved config.json); every malformed part raises a
+        ValueError that starts with ``config.kernel_attention`` and names the bad value."""
+        where = f"config.{CONFIG_KEY}"
         if not isinstance(data, dict) or "kernel" not in data:
-            raise ValueError(f"config.{CONFIG_KEY} must be a dict with a 'kernel' key, got {data!r}")
-        unknown = set(data) - {"kernel", "params", "layers", "version"}
+            raise ValueError(f"{where} must be a dict with a 'kernel' key, got {data!r}")
+        unknown = set(data) - set(_DICT_KEYS)
         if unknown:
-            raise ValueError(f"unknown key(s) {sorted(unknown)} in config.{CONFIG_KEY}; "
-                             "valid keys: ['kernel', 'params', 'layers', 'version']")
-        layers = {_layer_index(i, None): _layer_choice(c) for i, c in (data.get("layers") or {}).items()}
-        return cls(kernel=data["kernel"], params=dict(data.get("params") or {}), layers=layers)
+            raise ValueError(f"unknown key(s) {sorted(unknown, key=str)} in {where}; valid keys: {list(_DICT_KEYS)}")
+        version = data.get("version", FORMAT_VERSION)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ValueError(f"{where}['version'] must be an integer >= 1, got {version!r}")
+        if version > FORMAT_VERSION:
+            raise ValueError(f"{where} has format version {version}, written by a newer hf_kernel_attn; this one "
+                             f"reads versions up to {FORMAT_VERSION} (upgrade hf_kernel_attn)")
+        kernel = data["kernel"]
+        if not isinstance(kernel, str) or kernel not in KERNELS:
+            raise ValueError(f"{where}['kernel']: unknown kernel {kernel!r}; available kernels: {sorted(KERNELS)}")
+        params = data.get("params")
+        if params is not None and not isinstance(params, dict):
+            raise ValueError(f"{where}['params'] must be a mapping of kernel options, got {params!r}")
+        raw_layers = data.get("layers")
+        if raw_layers is not None and not isinstance(raw_layers, dict):
+            raise ValueError(f"{where}['layers'] must be a mapping {{index: kernel}}, got {raw_layers!r}")
+        try:
+            layers = {_layer_index(i, None): _layer_choice(c) for i, c in (raw_layers or {}).items()}
+            return cls(kernel=kernel, params=dict(params or {}), layers=layers)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+
+
+_DICT_KEYS = ("kernel", "params", "layers", "version")
 
 
 def _layer_index(idx: Any, num_layers: int | None) -> int:
-    try:
+    """An int, or a string of one (JSON object keys); floats and bools are refused, not rounded."""
+    i: int | None = None
+    if isinstance(idx, int) and not isinstance(idx, bool):
+        i = idx
+    elif isinstance(idx, str) and idx.strip().lstrip("-").isdigit():
         i = int(idx)
-    except (TypeError, ValueError):
-        raise ValueError(f"layer index must be an integer, got {idx!r}") from None
+    if i is None:
+        raise ValueError(f"layer index must be an integer, got {idx!r}")
     if i < 0:
         if num_layers is None:
             raise ValueError(f"negative layer index {i} needs the model's number of layers")
@@ -115,5 +146,7 @@ def _layer_choice(choice: Any) -> LayerChoice:
     if isinstance(choice, str):
         return LayerChoice(choice)
     if isinstance(choice, dict) and "kernel" in choice and set(choice) <= {"kernel", "params"}:
+        if choice.get("params") is not None and not isinstance(choice["params"], dict):
+            raise ValueError(f"a layer's params must be a mapping of kernel options, got {choice['params']!r}")
         return LayerChoice(choice["kernel"], dict(choice.get("params") or {}))
     raise ValueError(f"a layer's choice must be a kernel name or {{'kernel': name, 'params': {{...}}}}, got {choice!r}")

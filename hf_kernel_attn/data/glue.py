@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .files import read_text_file
+
 __all__ = ["GLUE_TASKS", "SPLITS", "GlueExample", "GlueTask", "load_glue", "read_glue_file"]
 
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
@@ -119,7 +121,7 @@ def _parse_label(fmt: _Format, raw: object, where: str) -> float | int:
 
 def _lines(path: Path) -> list[str]:
     """Lines without terminators (BOM stripped, CRLF tolerated, trailing blank lines dropped)."""
-    text = path.read_text(encoding="utf-8-sig")
+    text = read_text_file(path, "GLUE data file", encoding="utf-8-sig")
     lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
     while lines and lines[-1] == "":
         lines.pop()
@@ -161,9 +163,15 @@ def _read_jsonl(task: str, fmt: _Format, path: Path) -> list[GlueExample]:
             raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
         if fmt.label not in record:
             raise ValueError(f"{where}: file has no labels (record without {fmt.label!r}) for task {task!r}")
-        texts = [record.get(k) for k in (fmt.text_a, fmt.text_b) if k is not None]
-        if not all(isinstance(t, str) for t in texts):
-            raise ValueError(f"{where}: expected string fields {fmt.text_a!r}, {fmt.text_b!r}")
+        fields = [k for k in (fmt.text_a, fmt.text_b) if k is not None]
+        missing = [k for k in fields if k not in record]
+        if missing:
+            raise ValueError(f"{where}: record lacks field(s) {missing} for task {task!r}; expected fields "
+                             f"{[*fields, fmt.label]}, got {sorted(record)}")
+        texts = [record[k] for k in fields]
+        bad = [k for k, t in zip(fields, texts, strict=True) if not isinstance(t, str)]
+        if bad:
+            raise ValueError(f"{where}: field(s) {bad} must be strings, got {[record[k] for k in bad]!r}")
         label = _parse_label(fmt, record[fmt.label], where)
         out.append(GlueExample(texts[0], texts[1] if len(texts) > 1 else None, label))
     return out

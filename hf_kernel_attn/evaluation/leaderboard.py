@@ -51,17 +51,32 @@ _MODEL_KEYS = {"name", "model", "gguf_file", "kernels", "kernel_params", "tasks"
 _TOP_KEYS = {"output_dir", "data_dir", "split", "context", "batch_size", "limit", "models"}
 
 
+def _unknown_keys(keys: set, valid: set[str], where: str) -> None:
+    """ValueError naming each unknown key, the nearest valid key, and the valid keys."""
+    from ..training.config import nearest_key
+
+    unknown = sorted(str(k) for k in keys - valid)
+    if unknown:
+        hints = [f"{k!r} (did you mean {near!r}?)" if (near := nearest_key(k, sorted(valid))) else repr(k)
+                 for k in unknown]
+        raise ValueError(f"unknown {where} key(s) {', '.join(hints)}; valid: {sorted(valid)}")
+
+
 def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None,
                             output_dir: str | None = None) -> dict[str, Any]:
-    from ..training.config import resolve_package_path, yaml_load
+    """Read and check a leaderboard YAML; every error is a ValueError naming the bad key or value."""
+    from ..training.config import ConfigError, read_yaml_file, resolve_package_path
 
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"leaderboard config {str(path)!r} does not exist")
-    cfg = yaml_load(path.read_text()) or {}
-    unknown = set(cfg) - _TOP_KEYS
-    if unknown:
-        raise ValueError(f"unknown leaderboard key(s) {sorted(unknown)}; valid: {sorted(_TOP_KEYS)}")
+    try:
+        cfg = read_yaml_file(path, "leaderboard config") or {}
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"leaderboard config {str(path)!r} must hold a YAML mapping, got {type(cfg).__name__}")
+    _unknown_keys(set(cfg), _TOP_KEYS, "leaderboard")
     cfg.setdefault("split", "validation")
     cfg.setdefault("context", 1024)
     cfg.setdefault("batch_size", 1)
@@ -74,18 +89,31 @@ def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None
     if not cfg.get("output_dir"):
         raise ValueError("leaderboard config needs output_dir (or --output-dir)")
     check_split(cfg["split"])
+    for key in ("context", "batch_size"):
+        value = cfg[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"leaderboard {key} must be an integer >= 1, got {value!r}")
+    limit = cfg["limit"]
+    limits = limit.values() if isinstance(limit, dict) else [limit]
+    if any(v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1) for v in limits):
+        raise ValueError(f"leaderboard limit must be null, an integer >= 1 or {{task: integer}}, got {limit!r}")
+    if isinstance(limit, dict):
+        check_tasks(list(limit))
     models = cfg.get("models") or []
-    if not models:
-        raise ValueError("leaderboard config needs a non-empty models list")
+    if not isinstance(models, list) or not models:
+        raise ValueError(f"leaderboard config needs a non-empty models list, got {models!r}")
     from ..kernels import KERNELS
 
     for m in models:
-        bad = set(m) - _MODEL_KEYS
-        if bad:
-            raise ValueError(f"unknown key(s) {sorted(bad)} in model {m.get('name')!r}; valid: {sorted(_MODEL_KEYS)}")
+        if not isinstance(m, dict):
+            raise ValueError(f"every leaderboard model must be a mapping with {sorted(_MODEL_KEYS)}, got {m!r}")
+        _unknown_keys(set(m), _MODEL_KEYS, f"leaderboard model {m.get('name')!r}")
         for key in ("name", "model", "kernels", "tasks"):
             if not m.get(key):
                 raise ValueError(f"every leaderboard model needs {key!r}; got {m}")
+        for key in ("kernels", "tasks"):
+            if not isinstance(m[key], list) or not all(isinstance(x, str) for x in m[key]):
+                raise ValueError(f"model {m['name']!r}: {key} must be a list of names, got {m[key]!r}")
         unknown_k = [k for k in m["kernels"] if k not in KERNELS and k != "saved"]
         if unknown_k:
             raise ValueError(f"unknown kernel(s) {unknown_k}; available: {sorted(KERNELS)}")

@@ -39,44 +39,104 @@ _LOCAL = {
 }
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+# fields each local file must have (EVAL_SPLITS.md); a missing one is reported with file:line
+_FIELDS = {
+    "lambada": ("text",), "arc": ("id", "question", "answerKey"), "piqa": ("goal", "sol1", "sol2"),
+    "boolq": ("question", "passage", "idx", "label"),
+    "copa": ("premise", "choice1", "choice2", "question", "label", "idx"),
+    "openbookqa": ("ID", "Question Stem", "Choices", "Answer Key"),
+}
+
+
+def _text(path: Path) -> str:
+    from ..data.files import read_text_file
+
+    return read_text_file(path, "data file")
+
+
+def _jsonl(path: Path, fields: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """JSON objects, one per non-blank line, each with ``fields``; ValueError naming file:line otherwise."""
+    rows = []
+    for lineno, line in enumerate(_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        _need(row, fields, f"{path}:{lineno}")
+        rows.append(row)
+    return rows
+
+
+def _need(row: dict[str, Any], fields: tuple[str, ...], where: str) -> None:
+    missing = [f for f in fields if f not in row]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {missing}; expected {list(fields)}, got {sorted(row)}")
 
 
 def _convert(kind: str, files: list[Path]) -> list[dict[str, Any]]:
     """Local rows -> the stock dataset's fields (what the stock prompts read)."""
     if kind == "lambada":
         if files[0].suffix == ".jsonl":
-            return [{"text": r["text"]} for r in _jsonl(files[0])]
-        return [{"text": ln.strip()} for ln in files[0].read_text(encoding="utf-8").splitlines() if ln.strip()]
+            return [{"text": r["text"]} for r in _jsonl(files[0], _FIELDS[kind])]
+        return [{"text": ln.strip()} for ln in _text(files[0]).splitlines() if ln.strip()]
     if kind == "arc":
+        rows = _jsonl(files[0], _FIELDS[kind])
+        for i, r in enumerate(rows):
+            q = r["question"]
+            if not isinstance(q, dict) or "stem" not in q or not isinstance(q.get("choices"), list):
+                raise ValueError(f"{files[0]}: record {i + 1} ({r.get('id')!r}): 'question' must hold 'stem' and a "
+                                 f"'choices' list, got {q!r}")
         return [{"id": r["id"], "question": r["question"]["stem"],
                  "choices": {"text": [c["text"] for c in r["question"]["choices"]],
                              "label": [c["label"] for c in r["question"]["choices"]]},
-                 "answerKey": r["answerKey"]} for r in _jsonl(files[0])]
+                 "answerKey": r["answerKey"]} for r in rows]
     if kind == "piqa":
-        rows = _jsonl(files[0])
-        labels = [ln.strip() for ln in files[1].read_text().splitlines() if ln.strip()]
+        rows = _jsonl(files[0], _FIELDS[kind])
+        labels = [ln.strip() for ln in _text(files[1]).splitlines() if ln.strip()]
         if len(labels) != len(rows):
             raise ValueError(f"{files[1]} has {len(labels)} labels for {len(rows)} rows of {files[0]}")
         return [{"goal": r["goal"], "sol1": r["sol1"], "sol2": r["sol2"], "label": int(lab)}
                 for r, lab in zip(rows, labels, strict=True)]
     if kind == "boolq":
         return [{"question": r["question"], "passage": r["passage"], "idx": r["idx"],
-                 "label": int(str(r["label"]).lower() in ("true", "1"))} for r in _jsonl(files[0])]
+                 "label": int(str(r["label"]).lower() in ("true", "1"))} for r in _jsonl(files[0], _FIELDS[kind])]
     if kind == "copa":
         return [{k: r[k] for k in ("premise", "choice1", "choice2", "question", "label", "idx")}
-                for r in _jsonl(files[0])]
+                for r in _jsonl(files[0], _FIELDS[kind])]
     if kind == "openbookqa":
         out = []
+        _text(files[0])  # binary / non-UTF-8 files fail here, naming the file
         with open(files[0], encoding="utf-8", newline="") as f:
-            for r in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
+            reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+            header = reader.fieldnames or []
+            missing = [c for c in _FIELDS[kind] if c not in header]
+            if missing:
+                raise ValueError(f"{files[0]}: header {header} lacks column(s) {missing}; expected "
+                                 f"{list(_FIELDS[kind])}")
+            for r in reader:
                 parts = re.split(r"\(([A-Z])\)\s*", r["Choices"])[1:]
                 labels, texts = parts[0::2], [t.strip() for t in parts[1::2]]
                 out.append({"id": r["ID"], "question_stem": r["Question Stem"],
                             "choices": {"text": texts, "label": labels}, "answerKey": r["Answer Key"].strip()})
         return out
     raise ValueError(kind)
+
+
+def local_rows(task: str, data_dir: str | os.PathLike, split: str) -> list[dict[str, Any]]:
+    """The local files of ``task`` / ``split`` converted to the stock dataset's fields (checked: missing files,
+    binary or non-UTF-8 files and missing fields raise, naming the file)."""
+    if task not in _LOCAL:
+        raise ValueError(f"no local lm-eval config for {task!r}; available: {sorted(_LOCAL)}")
+    _, splits, kind = _LOCAL[task]
+    files = [Path(data_dir) / f for f in splits[split]]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{task} --split {split}: expected {missing} (see EVAL_SPLITS.md)")
+    return _convert(kind, files)
 
 
 def local_task_dir(tasks: list[str], data_dir: str | os.PathLike, split: str, out_dir: str | os.PathLike) -> Path:
@@ -89,14 +149,11 @@ def local_task_dir(tasks: list[str], data_dir: str | os.PathLike, split: str, ou
     for task in tasks:
         if task not in _LOCAL:
             raise ValueError(f"no local lm-eval config for {task!r}; available: {sorted(_LOCAL)}")
-        stock, splits, kind = _LOCAL[task]
-        files = [Path(data_dir) / f for f in splits[split]]
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise FileNotFoundError(f"{task} --split {split}: expected {missing} (see EVAL_SPLITS.md)")
+        stock = _LOCAL[task][0]
         data = out / f"{task}.{split}.jsonl"
+        rows = local_rows(task, data_dir, split)
         with open(data, "w", encoding="utf-8") as f:
-            for row in _convert(kind, files):
+            for row in rows:
                 f.write(json.dumps(row) + "\n")
         stock_path = stock_root / stock
         if (stock_path.parent / "utils.py").exists():  # `!function utils.x` resolves next to *this* file

@@ -9,10 +9,13 @@ import torch
 
 
 def read_text(path: str | Path, max_chars: int | None = None) -> str:
+    """A UTF-8 text file; ValueError naming the file when it is missing, binary, not UTF-8 or empty."""
+    from ..data.files import read_text_file
+
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"data file {str(path)!r} does not exist")
-    text = path.read_text(encoding="utf-8")
+    text = read_text_file(path, allow_empty=False)
     return text[:max_chars] if max_chars else text
 
 
@@ -28,7 +31,8 @@ def perplexity(model, tokenizer, text: str, *, block_size: int = 512, max_tokens
         ids = ids[:max_tokens]
     n_blocks = ids.numel() // block_size
     if n_blocks == 0:
-        raise ValueError(f"the text has {ids.numel()} tokens, fewer than one block of {block_size}")
+        raise ValueError(f"the text ({_snippet(text)}) has {ids.numel()} tokens, fewer than one block of "
+                         f"{block_size}; use a longer text or a smaller block size")
     blocks = ids[: n_blocks * block_size].view(n_blocks, block_size)
     device = next(model.parameters()).device
     total, count = 0.0, 0
@@ -61,7 +65,7 @@ def strided_perplexity(model, tokenizer, text: str, *, context: int = 1024, stri
     ids = torch.tensor(enc["input_ids"], dtype=torch.long)
     offsets = enc["offset_mapping"]
     if ids.numel() < 2:
-        raise ValueError("the text has fewer than 2 tokens")
+        raise ValueError(f"the text ({_snippet(text)}) has {ids.numel()} token(s); perplexity needs at least 2")
     windows = []  # (begin, end, first scored position)
     scored_until = 1
     for begin in range(0, ids.numel() - 1, stride):
@@ -92,6 +96,11 @@ def strided_perplexity(model, tokenizer, text: str, *, context: int = 1024, stri
     n_bytes = len(text[first:offsets[last][1]].encode("utf-8"))
     return {"perplexity": math.exp(total / count), "nll": total / count, "tokens": count,
             "bits_per_byte": total / (math.log(2) * max(n_bytes, 1)), "bytes": n_bytes, "windows": len(windows)}
+
+
+def _snippet(text: str, width: int = 40) -> str:
+    """``len`` characters and the start of ``text``, for error messages."""
+    return f"{len(text)} characters: {text[:width]!r}{'...' if len(text) > width else ''}"
 
 
 def _score_windows(model, ids: torch.Tensor, windows: list[tuple[int, int, int]], device) -> tuple[float, int]:

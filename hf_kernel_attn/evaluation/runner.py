@@ -17,6 +17,7 @@ from .tasks import (
     GLUE_EVAL_TASKS,
     LM_EVAL_TASKS,
     TEXT_TASKS,
+    check_data_files,
     check_split,
     check_tasks,
     glue_metrics,
@@ -141,6 +142,25 @@ def _embedding_task(spec, model, tok, task, split, data_dir, limit, batch_size):
     return [_record(spec, model, task, split, "spearman", 100 * spear, None, len(rows), secs)]
 
 
+def check_local_data(tasks: list[str], split: str, data_dir: str | os.PathLike) -> None:
+    """Before any model loads: every task's local files exist (the error lists the expected files) and
+    parse (binary, non-UTF-8 or empty files and missing columns raise, naming the file)."""
+    check_data_files(tasks, split, data_dir)
+    for task in tasks:
+        if task in TEXT_TASKS:
+            read_text_task(task, split, data_dir)
+        elif task in LM_EVAL_TASKS:
+            from .lm_eval_tasks import local_rows
+
+            local_rows(task, data_dir, split)
+        else:
+            from ..data import load_glue
+
+            rows = load_glue("stsb" if task in EMBEDDING_TASKS else task, split, data_dir)
+            if not rows:
+                raise ValueError(f"{task} --split {split}: the local file holds no examples")
+
+
 def run_eval(spec: ModelSpec, tasks: list[str], *, data_dir: str | os.PathLike | None = None,
              split: str = "validation", limit: int | None = None, batch_size: int = 1, context: int = 1024,
              stride: int | None = None, output: str | os.PathLike | None = None) -> list[dict[str, Any]]:
@@ -151,6 +171,8 @@ def run_eval(spec: ModelSpec, tasks: list[str], *, data_dir: str | os.PathLike |
         raise ValueError(f"--limit must be >= 1, got {limit}")
     if data_dir is not None and not Path(data_dir).is_dir():
         raise FileNotFoundError(f"--data-dir {str(data_dir)!r} is not a folder")
+    if data_dir is not None:
+        check_local_data(tasks, split, data_dir)
     records: list[dict[str, Any]] = []
     loaded: dict[str, Any] = {}
     for task in tasks:

@@ -80,9 +80,45 @@ def read_text_task(task: str, split: str, data_dir: str | os.PathLike | None) ->
     path = Path(data_dir) / spec.files[split]
     if not path.is_file():
         raise FileNotFoundError(f"{task} --split {split}: expected the file {str(path)!r} (see EVAL_SPLITS.md)")
-    text = path.read_text(encoding="utf-8")
+    from ..data.files import read_text_file
+
+    text = read_text_file(path, f"{task} --split {split} data file")
     tail = spec.holdout_tail.get(split)
-    return text[len(text) - int(len(text) * tail):] if tail else text
+    text = text[len(text) - int(len(text) * tail):] if tail else text
+    if not text.strip():
+        raise ValueError(f"{task} --split {split}: the text read from {str(path)!r} is empty "
+                         f"({len(text)} characters, no tokens to score)")
+    return text
+
+
+def expected_files(task: str, split: str) -> list[str]:
+    """The local files (relative to ``--data-dir``) that ``task`` reads for ``split`` (EVAL_SPLITS.md)."""
+    check_tasks([task])
+    check_split(split)
+    if task in TEXT_TASKS:
+        return [TEXT_TASKS[task].files[split]]
+    if task in LM_EVAL_TASKS:
+        from .lm_eval_tasks import _LOCAL
+
+        return list(_LOCAL[task][1][split])
+    from ..data import GLUE_TASKS
+
+    glue = GLUE_TASKS["stsb" if task in EMBEDDING_TASKS else task]
+    name = glue.eval_file if split == "test" or glue.train_file is None else glue.train_file
+    return [f"{glue.name}/{name}"]
+
+
+def check_data_files(tasks: list[str], split: str, data_dir: str | os.PathLike) -> None:
+    """FileNotFoundError listing every missing file and what each task expects, before any model is loaded."""
+    problems = []
+    for task in tasks:
+        files = expected_files(task, split)
+        missing = [f for f in files if not (Path(data_dir) / f).is_file()]
+        if missing:
+            problems.append(f"{task} --split {split} expects {files}, missing {missing}")
+    if problems:
+        raise FileNotFoundError(f"data files not found under --data-dir {str(data_dir)!r}: " + "; ".join(problems)
+                                + " (layout: EVAL_SPLITS.md)")
 
 
 def accuracy_stderr(correct: list[bool]) -> float:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 from pathlib import Path
 from typing import Any
 
 from ..config import CONFIG_KEY, KernelAttentionConfig
 from ..kernels import kernel_class
 
+# transformers from_pretrained kwargs that look like kernel options but are not typos
+_HF_KWARGS = {"seed", "dtype", "device_map", "revision", "subfolder", "config", "state_dict", "variant"}
 # from_pretrained kwargs that AutoConfig needs too (where to find the checkpoint)
 _CONFIG_KWARGS = ("gguf_file", "revision", "cache_dir", "token", "trust_remote_code", "local_files_only", "subfolder")
 
@@ -30,10 +33,16 @@ def _auto_class(config: Any, model_class: Any) -> Any:
 
 
 def split_kernel_params(kernel: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Separate the kernel's options from the remaining (transformers) keyword arguments."""
-    names = {f.name for f in dataclasses.fields(kernel_class(kernel).options_cls)}
+    """Separate the kernel's options from the remaining (transformers) keyword arguments. A keyword that is
+    not an option but is spelled like one (``num_featurs``) raises, instead of going on to transformers."""
+    names = [f.name for f in dataclasses.fields(kernel_class(kernel).options_cls)]
     params = {k: v for k, v in kwargs.items() if k in names}
     rest = {k: v for k, v in kwargs.items() if k not in names}
+    for key in rest:
+        close = difflib.get_close_matches(key, names, n=1, cutoff=0.8)
+        if close and key not in _HF_KWARGS:
+            raise ValueError(f"unknown option {key!r} for kernel {kernel!r}; did you mean {close[0]!r}? "
+                             f"valid options: {names}")
     return params, rest
 
 

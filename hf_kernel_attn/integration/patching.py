@@ -172,6 +172,7 @@ def sync_from_config(model: nn.Module) -> None:
         kcfg = _config_for(impl, data)
     elif data:  # a saved kernel model (its config names SAVED_NAME, or the name was dropped on save)
         kcfg = KernelAttentionConfig.from_dict(data)
+        model._hf_kernel_attn_saved = True  # its checkpoint must hold the kernel parameters (check_loaded_kernels)
     elif impl == SAVED_NAME:
         raise ValueError(f"config asks for hf_kernel_attn but has no config.{CONFIG_KEY}; the checkpoint is incomplete")
     else:
@@ -181,6 +182,34 @@ def sync_from_config(model: nn.Module) -> None:
     ignore = getattr(model, "_keys_to_ignore_on_load_missing", None)
     if isinstance(ignore, set):
         ignore.add(r"\.kernel_attn\.")
+
+
+def check_loaded_kernels(model: nn.Module, loading_info: Any) -> None:
+    """A saved kernel model whose checkpoint lacks kernel parameters, holds them with other shapes, or holds
+    kernel tensors its configured kernels do not have (config.json edited) is incomplete or corrupted: raise,
+    naming the tensors, instead of silently re-initialising or dropping them."""
+    # the flag sits on whichever module's post_init read the saved config first (the base model inside a head)
+    if not any(getattr(m, "_hf_kernel_attn_saved", False) for m in model.modules()):
+        return  # a softmax checkpoint loaded with a kernel: its kernel parameters get their own init
+    missing = sorted(k for k in getattr(loading_info, "missing_keys", ()) if f".{KERNEL_ATTR}." in k)
+    mismatched = sorted(m for m in getattr(loading_info, "mismatched_keys", ()) if f".{KERNEL_ATTR}." in m[0])
+    unexpected = sorted(k for k in getattr(loading_info, "unexpected_keys", ()) if f".{KERNEL_ATTR}." in k)
+    if not (missing or mismatched or unexpected):
+        return
+    kcfg = getattr(model.config, CONFIG_KEY, {}) or {}
+    problems = []
+    if missing:
+        problems.append(f"missing: {missing}")
+    if mismatched:
+        problems.append("mis-shaped: " + ", ".join(f"{k} (checkpoint {list(got)}, kernel expects {list(want)})"
+                                                   for k, got, want in mismatched))
+    if unexpected:
+        problems.append(f"unexpected (not parameters of the configured kernels): {unexpected}")
+    raise ValueError(
+        f"the checkpoint of this saved kernel model (config.{CONFIG_KEY} = {kcfg!r}) does not hold the kernel "
+        f"parameters it was saved with; {'; '.join(problems)}. The checkpoint is incomplete, corrupted, or its "
+        f"config.json was edited to another kernel or option; restore it, or load the base model and patch() it"
+    )
 
 
 def is_gguf_model(model: nn.Module) -> bool:
@@ -205,11 +234,13 @@ _HOOKS_INSTALLED = False
 
 
 def install_hooks() -> None:
-    """Wrap four PreTrainedModel methods and one of generate's (idempotent):
+    """Wrap five PreTrainedModel methods and one of generate's (idempotent):
 
     * ``post_init`` — attach kernels when the config names one;
     * ``_initialize_weights`` — kernels missing from a checkpoint get their own init;
     * ``set_attn_implementation`` — a kernel name attaches kernels;
+    * ``_finalize_model_loading`` — a saved kernel model whose checkpoint lacks (or mis-shapes) its kernel
+      parameters raises (:func:`check_loaded_kernels`);
     * ``save_pretrained`` — GGUF models get a conversion hint; kernel models are marked in config.json so
       that loading them without ``import hf_kernel_attn`` fails loudly instead of running softmax;
     * ``GenerationMixin._prepare_cache_for_generation`` — a model with linear kernels decodes with a
@@ -224,6 +255,7 @@ def install_hooks() -> None:
     orig_init_weights = PreTrainedModel._initialize_weights
     orig_set_impl = PreTrainedModel.set_attn_implementation
     orig_save = PreTrainedModel.save_pretrained
+    orig_finalize = PreTrainedModel.__dict__.get("_finalize_model_loading")
 
     @functools.wraps(orig_post_init)
     def post_init(self, *args, **kwargs):
@@ -265,6 +297,16 @@ def install_hooks() -> None:
 
             write_remote_code(save_directory, self.config)
         return out
+
+    if isinstance(orig_finalize, staticmethod):
+        finalize_fn = orig_finalize.__func__
+
+        @functools.wraps(finalize_fn)
+        def _finalize_model_loading(model, load_config, loading_info, *args, **kwargs):
+            check_loaded_kernels(model, loading_info)
+            return finalize_fn(model, load_config, loading_info, *args, **kwargs)
+
+        PreTrainedModel._finalize_model_loading = staticmethod(_finalize_model_loading)
 
     from transformers.cache_utils import DynamicCache
     from transformers.generation.utils import GenerationMixin

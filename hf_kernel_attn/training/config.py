@@ -85,6 +85,33 @@ def yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
+def read_yaml_file(path: str | os.PathLike, what: str = "config file") -> Any:
+    """Parse a YAML file; ConfigError naming the file (and the line) when it is missing, not UTF-8 text or
+    not valid YAML."""
+    from ..data.files import read_text_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{what} {str(path)!r} does not exist")
+    try:
+        text = read_text_file(path, what)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        return yaml_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or exc
+        raise ConfigError(f"{what} {str(path)!r} is not valid YAML{where}: {problem}") from None
+
+
+def nearest_key(key: str, valid: list[str]) -> str | None:
+    """The valid key closest to a misspelled ``key`` (None when nothing is close)."""
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    return close[0] if close else None
+
+
 def _all_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
     keys = []
     for key, value in tree.items():
@@ -150,10 +177,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     config = copy.deepcopy(DEFAULTS)
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        with open(path) as f:
-            data = yaml_load(f.read()) or {}
+        data = read_yaml_file(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a YAML mapping, got {type(data).__name__}")
         _merge(config, data)
@@ -198,8 +222,23 @@ def validate(config: dict[str, Any]) -> None:
     _check(config["task"] in TASKS, f"task must be one of {list(TASKS)}, got {config['task']!r}")
     from ..kernels import KERNELS, validate_params
 
-    _check(config["kernel"] in KERNELS, f"unknown kernel {config['kernel']!r}; available: {sorted(KERNELS)}")
-    _check(isinstance(config["kernel_params"], dict), "kernel_params must be a mapping of kernel options")
+    _check(isinstance(config["kernel"], str) and config["kernel"] in KERNELS,
+           f"unknown kernel {config['kernel']!r}; available: {sorted(KERNELS)}")
+    _check(isinstance(config["kernel_params"], dict),
+           f"kernel_params must be a mapping of kernel options, got {config['kernel_params']!r}")
+    layers = config["layers"]
+    _check(layers is None or isinstance(layers, (list, dict)),
+           f"layers must be null, a list of layer indices or a mapping {{index: kernel}}, got {layers!r}")
+    if isinstance(layers, list):
+        bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int)]
+        _check(not bad, f"layers: layer indices must be integers, got {bad!r} in {layers!r}")
+    elif isinstance(layers, dict):  # keys and kernels; the range is checked against the model when it loads
+        from ..config import KernelAttentionConfig
+
+        try:
+            KernelAttentionConfig.create(config["kernel"], layers, num_layers=1 << 30)
+        except ValueError as exc:
+            raise ConfigError(f"layers: {exc}") from None
     try:
         validate_params(config["kernel"], config["kernel_params"])
     except ValueError as exc:

@@ -35,6 +35,30 @@ def _train_files(train: str | list[str]) -> list[Path] | str:
     return files
 
 
+def _read(path: Path) -> str:
+    from ..data.files import read_text_file
+
+    return read_text_file(path, "data.train file", allow_empty=False)
+
+
+def check_training_data(config: dict[str, Any]) -> None:
+    """Before the model loads: every local ``data.train`` file exists and is non-empty UTF-8 text, and
+    GLUE files (``data.glue_task``) have the task's columns and valid labels; errors name the file."""
+    data = config["data"]
+    source = _train_files(data["train"])
+    if isinstance(source, str):
+        return  # a hub dataset: read (and checked) by datasets
+    if data["glue_task"] and config["task"] != "causal_lm":
+        from ..data.glue import read_glue_file
+
+        for f in source:
+            if not read_glue_file(data["glue_task"], f):
+                raise ValueError(f"data.train file {str(f)!r} holds no {data['glue_task']} examples")
+    else:
+        for f in source:
+            _read(f)
+
+
 @dataclass
 class Split:
     """One split of one task: ``items`` are token blocks (LongTensor [n, L]) or examples."""
@@ -62,7 +86,7 @@ def text_blocks(config: dict[str, Any], tokenizer) -> tuple[Split, Split]:
         texts = ["\n".join(texts)]
     else:
         limit = data["max_train_chars"]
-        texts = [f.read_text(encoding="utf-8")[:limit] if limit else f.read_text(encoding="utf-8") for f in source]
+        texts = [_read(f)[:limit] if limit else _read(f) for f in source]
     train_ids, valid_ids = [], []
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     for text in texts:
@@ -108,7 +132,7 @@ def sentences(config: dict[str, Any]) -> tuple[Split, Split]:
     source = _train_files(config["data"]["train"])
     if isinstance(source, str):
         raise ValueError("sentence_embedding from a hub dataset needs data.glue_task (e.g. stsb)")
-    lines = [ln.strip() for f in source for ln in f.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    lines = [ln.strip() for f in source for ln in _read(f).splitlines() if ln.strip()]
     cut = len(lines) - int(len(lines) * config["data"]["validation_fraction"])
     return Split(lines[:cut]), Split(lines[cut:])
 

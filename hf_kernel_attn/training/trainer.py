@@ -38,7 +38,7 @@ from ..integration.patching import attention_modules, patch
 from ..integration.transfer import attention_transfer, softmax_teacher
 from . import checkpoint as ckpt
 from .config import STAGES, dump_config
-from .data import BatchPlan, glue_examples, sentences, text_blocks
+from .data import BatchPlan, check_training_data, glue_examples, sentences, text_blocks
 
 LOG_FILE = "training_log.jsonl"
 VALIDATION_FILE = "validation.jsonl"
@@ -404,6 +404,7 @@ class Trainer:
             self._check_output_dir()
             ckpt.remove_partial(self.out)
         _barrier()
+        check_training_data(cfg)  # bad data files fail before the model loads
         self._load()
         self._load_data()
         state = {"global_step": 0, "stage": None, "stage_step": 0, "stage_done": False, "position": 0,
