@@ -243,9 +243,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
+    from hf_kernel_attn.training.checkpoint import CheckpointWriteError
+
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, CheckpointWriteError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

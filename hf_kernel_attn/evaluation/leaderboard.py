@@ -1,10 +1,12 @@
 """``hf-kernel-attn leaderboard CONFIG.yaml``: models × kernels × tasks, resumable, rendered as
 ``leaderboard.md``, ``leaderboard.csv`` and PNG plots.
 
-A cell is one (model, kernel, task). Its records are appended to ``results.jsonl`` only after the
-cell finished, so a killed sweep never leaves a half-written cell, and a re-run skips every cell that
-already has records. A cell that fails (e.g. its data file is missing) is written to ``errors.jsonl``
-and shown as such; it is retried only with ``--retry-errors``.
+A cell is one (model, kernel, task). Its records are added to ``results.jsonl`` only after the
+cell finished, and atomically (the whole file is rewritten into a temporary file, synced, and renamed
+over the old one), so a sweep killed at any moment, or a full disk, leaves either the old or the new
+file, never a half-written cell; a re-run skips every cell that already has records. A cell that fails
+(e.g. its data file is missing) is written to ``errors.jsonl`` and shown as such; it is retried only
+with ``--retry-errors``.
 
 Config::
 
@@ -129,9 +131,36 @@ def _limit(cfg: dict[str, Any], task: str) -> int | None:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSONL file; a last line cut short (written by an older, non-atomic version) is dropped."""
+    from ..training.checkpoint import read_jsonl_lines
+
     if not path.exists():
         return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return [json.loads(ln) for ln in read_jsonl_lines(path)]
+
+
+def _write_atomic(path: Path, text: str, crash_name: str = "") -> None:
+    """Replace ``path`` by ``text``: a temporary file in the same folder, fsynced, then renamed over it."""
+    from ..training.checkpoint import crash_point
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text[: len(text) // 2])
+            crash_point(crash_name)  # tests: killed with the new file half written
+            f.write(text[len(text) // 2:])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _append_cell(path: Path, records: list[dict[str, Any]]) -> None:
+    """Add one finished cell's records to ``results.jsonl`` in a single atomic replacement."""
+    old = [json.dumps(r) for r in _read_jsonl(path)]
+    _write_atomic(path, "".join(ln + "\n" for ln in old + [json.dumps(r) for r in records]), f"append-{len(old)}")
 
 
 def _finetuned(cfg: dict[str, Any], m: dict[str, Any], kernel: str) -> str | None:
@@ -150,6 +179,8 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
     out = Path(cfg["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
     results_path, errors_path = out / "results.jsonl", out / "errors.jsonl"
+    for stale in [*out.glob(".results.jsonl.*.tmp"), *out.glob(".errors.jsonl.*.tmp")]:
+        stale.unlink()  # left by a sweep killed while replacing a file; the file itself is intact
     done = {(r["model_name"], r["kernel_row"], r["task"], r["split"]) for r in _read_jsonl(results_path)}
     errors = [] if retry_errors else [e for e in _read_jsonl(errors_path) if e.get("split") == cfg["split"]]
     done |= {(e["model_name"], e["kernel_row"], e["task"], cfg["split"]) for e in errors}
@@ -183,13 +214,9 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
                                    "error": repr(exc), "traceback": traceback.format_exc(limit=3)})
                     print(f"{m['name']} {kernel} {task}: failed: {exc}", flush=True)
                     continue
-                with open(results_path, "a") as f:  # one cell, appended whole once it finished
-                    for r in records:
-                        f.write(json.dumps({"model_name": m["name"], "kernel_row": kernel, **r}) + "\n")
+                _append_cell(results_path, [{"model_name": m["name"], "kernel_row": kernel, **r} for r in records])
                 print(f"{m['name']} {kernel} {task}: done", flush=True)
-    tmp = errors_path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(e) + "\n" for e in errors))
-    os.replace(tmp, errors_path)
+    _write_atomic(errors_path, "".join(json.dumps(e) + "\n" for e in errors))
     table = render(cfg, _read_jsonl(results_path), errors)
     table["seconds"] = time.perf_counter() - start
     return table

@@ -324,13 +324,19 @@ class Trainer:
         if self.main:
             ckpt.save_checkpoint(self.out, state["global_step"], self._checkpoint_tensors(optimizer, scheduler),
                                  state)
+            ckpt.crash_point(f"prune-{state['global_step']}")
             ckpt.prune(self.out, self.config["keep_checkpoints"])
         _barrier()
 
     def _log(self, record: dict[str, Any], file: str = LOG_FILE) -> None:
         if self.main:
+            line = json.dumps(record) + "\n"
             with open(self.out / file, "a") as f:
-                f.write(json.dumps(record) + "\n")
+                if os.environ.get(ckpt.CRASH_ENV) == f"log-{record['step']}":  # tests: die mid-line
+                    f.write(line[: len(line) // 2])
+                    f.flush()
+                    ckpt.crash_point(f"log-{record['step']}")
+                f.write(line)
 
     def _truncate_log(self, step: int) -> None:
         """After a resume: keep only records up to the checkpoint's step (the rest are redone)."""
@@ -340,7 +346,7 @@ class Trainer:
             path = self.out / name
             if not path.exists():
                 continue
-            keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+            keep = [ln for ln in ckpt.read_jsonl_lines(path) if json.loads(ln)["step"] <= step]
             tmp = path.with_suffix(".tmp")
             tmp.write_text("".join(ln + "\n" for ln in keep))
             os.replace(tmp, path)
@@ -506,6 +512,7 @@ class Trainer:
             state["seconds"] = time.perf_counter() - self.t0
             state["cpu_seconds"] = time.process_time() - self.cpu0
             state["stage_seconds"] = clock() - stage_start
+            ckpt.crash_point(f"step-{state['global_step']}")
             step_seconds = time.perf_counter() - step_start
             record = {"stage": stage, "step": state["global_step"], "stage_step": state["stage_step"],
                       "loss": loss_value, "lr": lr, "tokens": state["tokens"],
@@ -551,10 +558,15 @@ class Trainer:
                 model = copy.deepcopy(model).merge_and_unload()
             tmp = self.out / ".tmp-final"
             shutil.rmtree(tmp, ignore_errors=True)
-            model.save_pretrained(tmp)
-            self.tokenizer.save_pretrained(tmp)
-            if self.task == "sentence_embedding":
-                _copy_sentence_transformers_files(Path(self.source), tmp)
+            try:
+                model.save_pretrained(tmp)
+                self.tokenizer.save_pretrained(tmp)
+                if self.task == "sentence_embedding":
+                    _copy_sentence_transformers_files(Path(self.source), tmp)
+            except OSError as exc:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise ckpt.write_failed("the final model", self.out, exc) from exc
+            ckpt.crash_point("final")
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
