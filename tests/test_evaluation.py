@@ -177,3 +177,16 @@ def test_eval_errors(smollm2_dir, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hf_kernel_attn.cli", "eval", "--model", str(smollm2_dir),
                            "--tasks", "nope"], capture_output=True, text=True)
     assert proc.returncode == 2 and "available tasks" in proc.stderr
+
+
+def test_missing_local_model_folder_is_named(tmp_path):
+    """A local folder that does not exist is reported as such, not as a malformed hub repo id; hub ids pass."""
+    from hf_kernel_attn.evaluation.runner import ModelSpec, check_model_path
+
+    missing = str(tmp_path / "outputs" / "run" / "final")
+    with pytest.raises(FileNotFoundError, match="model folder .*final.* does not exist"):
+        ModelSpec(missing).load("causal_lm")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        check_model_path("outputs/no-such-run-here/final")
+    check_model_path("HuggingFaceTB/SmolLM2-135M")  # a hub id: left to transformers
+    check_model_path("gpt2")

@@ -46,6 +46,7 @@ class ModelSpec:
 
         import hf_kernel_attn
 
+        check_model_path(self.model)
         kwargs = {"gguf_file": self.gguf_file} if self.gguf_file else {}
         cls = getattr(transformers, _CLASSES[kind])
         if self.kernel is not None:
@@ -71,6 +72,18 @@ class ModelSpec:
 
         cfg = hf_kernel_attn.kernel_config(model)
         return cfg.to_dict().get("layers") or None if cfg else None
+
+
+def check_model_path(model: str) -> None:
+    """Raise FileNotFoundError for a local model folder that does not exist. A hub id is ``name`` or
+    ``namespace/name``; anything with more path parts, or starting with ``.``, ``/`` or ``~``, is a folder
+    (otherwise transformers reports a missing folder as a malformed repo id)."""
+    path = Path(os.path.expanduser(model))
+    if path.exists():
+        return
+    if model.startswith((".", "/", "~")) or len(Path(model).parts) > 2:
+        raise FileNotFoundError(f"model folder {model!r} does not exist (a hub id has the form 'name' or "
+                                "'namespace/name')")
 
 
 def _record(spec: ModelSpec, model, task: str, split: str, metric: str, value: float, stderr: float | None,
