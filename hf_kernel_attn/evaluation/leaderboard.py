@@ -276,11 +276,17 @@ def _plots(out: Path, rows, columns, cell) -> None:
     except ImportError:
         print("matplotlib is not installed: no plots (pip install 'hf_kernel_attn[bench]')", flush=True)
         return
-    # heat map: each cell relative to the same model's softmax row (ratio; perplexity inverted: >1 = better)
+    # heat map: each cell relative to the same model's softmax row (ratio; perplexity inverted: >1 = better);
+    # a model without one (a converted model's own row) is compared with the first softmax row of that task
     grid = np.full((len(rows), len(columns)), np.nan)
+    first_softmax = {}
+    for name, kernel in rows:
+        for t in columns:
+            if kernel == "softmax" and (name, kernel, t) in cell:
+                first_softmax.setdefault(t, cell[(name, kernel, t)])
     for i, (name, kernel) in enumerate(rows):
         for j, t in enumerate(columns):
-            r, base = cell.get((name, kernel, t)), cell.get((name, "softmax", t))
+            r, base = cell.get((name, kernel, t)), cell.get((name, "softmax", t), first_softmax.get(t))
             if r is None or base is None or not base["value"]:
                 continue
             ratio = r["value"] / base["value"]
