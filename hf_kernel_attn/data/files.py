@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 BINARY_PROBE = 8192  # bytes inspected for NUL bytes
 
@@ -31,3 +34,20 @@ def read_text_file(path: str | os.PathLike[str], what: str = "data file", *, enc
     if not allow_empty and not text.strip():
         raise ValueError(f"{what} {str(path)!r} is empty ({len(raw)} bytes, no text)")
     return text
+
+
+def json_objects(lines: Iterable[str], path: str | os.PathLike[str], *,
+                 skip_blank: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``("file:line", object)`` for each JSON line; ValueError naming file:line for invalid JSON or a value
+    that is not an object. ``skip_blank`` passes over whitespace-only lines (their numbers still count)."""
+    for lineno, line in enumerate(lines, start=1):
+        if skip_blank and not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: invalid JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        yield where, record

@@ -13,14 +13,13 @@ With ``data_dir=None`` the same splits are built from the Hugging Face hub (``Gl
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import read_text_file
+from .files import json_objects, read_text_file
 
 __all__ = ["GLUE_TASKS", "SPLITS", "GlueExample", "GlueTask", "load_glue", "read_glue_file"]
 
@@ -153,14 +152,7 @@ def _read_tsv(task: str, fmt: _Format, path: Path) -> list[GlueExample]:
 
 def _read_jsonl(task: str, fmt: _Format, path: Path) -> list[GlueExample]:
     out = []
-    for lineno, line in enumerate(_lines(path), start=1):
-        where = f"{path}:{lineno}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: invalid JSON ({exc.msg})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    for where, record in json_objects(_lines(path), path):
         if fmt.label not in record:
             raise ValueError(f"{where}: file has no labels (record without {fmt.label!r}) for task {task!r}")
         fields = [k for k in (fmt.text_a, fmt.text_b) if k is not None]

@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..data.files import json_objects
+
 # task -> (stock yaml relative to lm_eval/tasks, {split: local files}, converter name)
 _LOCAL = {
     "lambada_openai": ("lambada/lambada_openai.yaml",
@@ -57,16 +59,8 @@ def _text(path: Path) -> str:
 def _jsonl(path: Path, fields: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """JSON objects, one per non-blank line, each with ``fields``; ValueError naming file:line otherwise."""
     rows = []
-    for lineno, line in enumerate(_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-        _need(row, fields, f"{path}:{lineno}")
+    for where, row in json_objects(_text(path).splitlines(), path, skip_blank=True):
+        _need(row, fields, where)
         rows.append(row)
     return rows
 
