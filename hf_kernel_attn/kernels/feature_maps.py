@@ -95,7 +95,7 @@ class LinearKernel(Kernel):
         if not self._needs_grad(q, k, v, state):
             if not causal and self.log_decay() is None:
                 if self._quadratic_is_cheaper(q, k, v, False, causal=False):
-                    return self._bidirectional_quadratic(q, k, v, key_mask, scaling, offset), None
+                    return self._closed_form_attention(q, k, v, key_mask, scaling, offset, causal=False), None
                 return self._bidirectional_blocked(q, k, v, key_mask, scaling, offset), None
             if not causal and self._decayed_quadratic_is_cheaper(q, k, v):
                 return self._bidirectional_decayed_quadratic(q, k, v, key_mask, scaling, offset), None
@@ -191,33 +191,42 @@ class LinearKernel(Kernel):
         target = out[:, start:start + length].view(b, length, hkv, g, dv).transpose(1, 2)
         torch.div(o[..., :dv], o[..., dv:].clamp_min(self.options.eps), out=target)
 
-    def _causal_quadratic(self, q, k, v, key_mask, scaling, offset, need_state):
-        """Causal attention straight from the closed form, a block of queries at a time against the keys
-        up to the block's end (never an N×N matrix); the state, if wanted, from the key features."""
+    def _closed_form_attention(self, q, k, v, key_mask, scaling, offset, causal):
+        """Attention straight from the closed form, a block of queries at a time against every key
+        (bidirectional) or the keys up to the block's end (causal, N = M): scores of one block at most
+        QUADRATIC_SCORE_VALUES, never the whole N×M matrix at once."""
         b, hq, n, _ = q.shape
-        hkv, dv = k.shape[1], v.shape[-1]
+        hkv, m, dv = k.shape[1], k.shape[-2], v.shape[-1]
         g = hq // hkv
-        self.check_positions(offset + n)
+        self.check_positions(offset + m)
         closed = self.closed_form(q, k, scaling)
         qp = linear.query_rows(group_queries(closed.q, hkv))
-        kp = closed.k.reshape(b * hkv, n, -1)
-        weight = None if key_mask is None else _key_weight(key_mask, hkv, kp.dtype)
-        v3 = linear.with_ones(accum(v)).view(b * hkv, n, dv + 1)
+        kt = closed.k.reshape(b * hkv, m, -1).transpose(1, 2)
+        weight = None if key_mask is None else _key_weight(key_mask, hkv, kt.dtype)
+        v3 = linear.with_ones(accum(v)).view(b * hkv, m, dv + 1)
         out = q.new_empty(b, n, hq, dv)
-        block = min(n, max(1, QUADRATIC_SCORE_VALUES // max(1, b * hq * n)))
-        tril = torch.ones(block, block, dtype=qp.dtype, device=qp.device).tril().repeat_interleave(g, 0)
+        block = min(n, max(1, QUADRATIC_SCORE_VALUES // max(1, b * hq * m)))
+        if causal:
+            tril = torch.ones(block, block, dtype=qp.dtype, device=qp.device).tril().repeat_interleave(g, 0)
         for start in range(0, n, block):
             end = min(start + block, n)
-            length = end - start
-            scores = closed.fn(torch.bmm(qp[:, start * g:end * g], kp[:, :end].transpose(1, 2)))
-            scores[:, :, start:end].mul_(tril[:length * g, :length])
+            keys = end if causal else m
+            scores = closed.fn(torch.bmm(qp[:, start * g:end * g], kt[:, :, :keys]))
+            if causal:
+                scores[:, :, start:end].mul_(tril[:(end - start) * g, :end - start])
             if weight is not None:
-                scores.mul_(weight[:, None, :end])
-            self._write_normalized(out, start, torch.bmm(scores, v3[:, :end]))
+                scores.mul_(weight[:, None, :keys])
+            self._write_normalized(out, start, torch.bmm(scores, v3[:, :keys]))
+        return out
+
+    def _causal_quadratic(self, q, k, v, key_mask, scaling, offset, need_state):
+        """Causal attention from the closed form (:meth:`_closed_form_attention`); the state, if wanted,
+        from the key features."""
+        out = self._closed_form_attention(q, k, v, key_mask, scaling, offset, causal=True)
         if not need_state:
             return out, None
-        kpos = torch.arange(offset, offset + n, device=q.device)
-        return out, linear.LinearState.from_augmented(self._key_state(k, v, key_mask, kpos, scaling), b)
+        kpos = torch.arange(offset, offset + q.shape[-2], device=q.device)
+        return out, linear.LinearState.from_augmented(self._key_state(k, v, key_mask, kpos, scaling), q.shape[0])
 
     def _decayed_quadratic_is_cheaper(self, q, k, v) -> bool:
         """Bidirectional with a decay (DiJiang: γ^|i-j|): is one N×M score matrix from the features less
@@ -252,28 +261,6 @@ class LinearKernel(Kernel):
             o = scores @ v3  # [B, Hkv, G, L, Dv + 1]
             res = torch.div(o[..., :dv], o[..., dv:].clamp_min(self.options.eps))
             out[:, start:end] = res.reshape(b, hq, end - start, dv).transpose(1, 2)
-        return out
-
-    def _bidirectional_quadratic(self, q, k, v, key_mask, scaling, offset):
-        """Bidirectional attention straight from the closed form, a block of queries at a time against
-        every key (scores of one block at most QUADRATIC_SCORE_VALUES, never all N×M at once)."""
-        b, hq, n, _ = q.shape
-        hkv, m, dv = k.shape[1], k.shape[-2], v.shape[-1]
-        g = hq // hkv
-        self.check_positions(offset + m)
-        closed = self.closed_form(q, k, scaling)
-        qp = linear.query_rows(group_queries(closed.q, hkv))
-        kt = closed.k.reshape(b * hkv, m, -1).transpose(1, 2)
-        weight = None if key_mask is None else _key_weight(key_mask, hkv, kt.dtype)
-        v3 = linear.with_ones(accum(v)).view(b * hkv, m, dv + 1)
-        out = q.new_empty(b, n, hq, dv)
-        block = min(n, max(1, QUADRATIC_SCORE_VALUES // max(1, b * hq * m)))
-        for start in range(0, n, block):
-            end = min(start + block, n)
-            scores = closed.fn(torch.bmm(qp[:, start * g:end * g], kt))
-            if weight is not None:
-                scores.mul_(weight[:, None, :])
-            self._write_normalized(out, start, torch.bmm(scores, v3))
         return out
 
     def _bidirectional_blocked(self, q, k, v, key_mask, scaling, offset):
