@@ -173,9 +173,22 @@ def cosine_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
 # ------------------------------------------------------------------------------------ linear kinds
 
 
-def _linear_from_scores(kern, scores, vd, vis, decay=None):
+def _linear_from_scores(kern, q, k, scaling, causal, scores, vd, vis, decay=None):
+    """Normalised kernel weights; with the option ``window`` W > 0 the sliding-window hybrid: weight
+    exp(s q_i·k_j) where query position minus key position d is in [0, W) (causal) or |d| < W
+    (bidirectional), λ_h · (kernel weight) elsewhere, λ_h = exp(window_log_mix[h]) or 1."""
     w = scores if decay is None else scores * decay
-    return normalised_kernel(w, vd, vis, eps=kern.options.eps)
+    window = getattr(kern.options, "window", 0)
+    if not window:
+        return normalised_kernel(w, vd, vis, eps=kern.options.eps)
+    n, m, hq = q.shape[-2], k.shape[-2], q.shape[1]
+    logits = _scale(q, scaling) * torch.einsum("bhnd,bhmd->bhnm", q.to(f64), repeat_kv(k.to(f64), hq))
+    d = query_positions(n, m)[:, None] - key_positions(m)[None, :]
+    in_window = ((d >= 0) & (d < window)) if causal else d.abs() < window
+    mix = getattr(kern, "window_log_mix", None)
+    lam = torch.ones(hq, dtype=f64) if mix is None else mix.to(f64).exp()
+    w = torch.where(in_window, torch.exp(logits), lam[None, :, None, None] * w)
+    return normalised_kernel(w, vd, vis, eps=0.0)
 
 
 def elu_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
@@ -187,7 +200,7 @@ def elu_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
 
     scores = torch.einsum("bhnf,bhmf->bhnm", phi(qd), phi(kd))
     vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
-    return _linear_from_scores(kern, scores, vd, vis)
+    return _linear_from_scores(kern, q, k, scaling, causal, scores, vd, vis)
 
 
 def relu_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
@@ -195,7 +208,7 @@ def relu_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     qd, kd, vd = _inputs(q, k, v)
     scores = torch.einsum("bhnf,bhmf->bhnm", qd.clamp_min(0), kd.clamp_min(0))
     vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
-    return _linear_from_scores(kern, scores, vd, vis)
+    return _linear_from_scores(kern, q, k, scaling, causal, scores, vd, vis)
 
 
 def cosformer_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
@@ -207,7 +220,7 @@ def cosformer_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     pi, pj = query_positions(n, m), key_positions(m)
     cos = torch.cos(math.pi / 2 * (pi[:, None] - pj[None, :]) / horizon)
     vis = visible(q.shape[0], n, m, causal, key_mask)
-    return _linear_from_scores(kern, base * cos, vd, vis)
+    return _linear_from_scores(kern, q, k, scaling, causal, base * cos, vd, vis)
 
 
 def performer_features(omega, x, scaling, feature_eps, is_query):
@@ -232,7 +245,7 @@ def performer_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     fk = performer_features(omega, kd, s, kern.options.feature_eps, False)
     scores = torch.einsum("bhnf,bhmf->bhnm", fq, fk)
     vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
-    return _linear_from_scores(kern, scores, vd, vis)
+    return _linear_from_scores(kern, q, k, scaling, causal, scores, vd, vis)
 
 
 def dijiang_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
@@ -256,7 +269,7 @@ def dijiang_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
         decay = gam[:, None, None] ** dist[None]  # [Hq, N, M]
         decay = decay[None]
     vis = visible(q.shape[0], n, m, causal, key_mask)
-    return _linear_from_scores(kern, scores, vd, vis, decay)
+    return _linear_from_scores(kern, q, k, scaling, causal, scores, vd, vis, decay)
 
 
 def hedgehog_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
@@ -282,7 +295,7 @@ def hedgehog_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     vd = repeat_kv(v.to(f64), hq)
     scores = torch.einsum("bhnf,bhmf->bhnm", fq, fk)
     vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
-    return _linear_from_scores(kern, scores, vd, vis)
+    return _linear_from_scores(kern, q, k, scaling, causal, scores, vd, vis)
 
 
 def taylor_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
@@ -291,7 +304,7 @@ def taylor_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     qd, kd, vd = _inputs(q, k, v)
     t = s * torch.einsum("bhnd,bhmd->bhnm", qd, kd)
     vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
-    return _linear_from_scores(kern, 1 + t + t * t / 2, vd, vis)
+    return _linear_from_scores(kern, q, k, scaling, causal, 1 + t + t * t / 2, vd, vis)
 
 
 # ------------------------------------------------------------------------------------- skyformer

@@ -1,7 +1,8 @@
 """RecurrentStateCache: constant-memory decoding for linear-kernel layers.
 
 A transformers ``Cache`` whose layers are either a :class:`RecurrentStateLayer` (linear kernels: keeps
-only S = Σ φ(k)vᵀ and z = Σ φ(k) per KV head, never K/V) or a plain ``DynamicLayer`` (softmax-like
+only S = Σ φ(k)vᵀ and z = Σ φ(k) per KV head, never the whole K/V; sliding-window hybrids also keep the
+last W - 1 keys/values) or a plain ``DynamicLayer`` (softmax-like
 kernels in a hybrid model). ``generate`` on a patched model builds one automatically.
 
 Flow per attention layer (transformers 5.x): the module calls ``cache.update(k, v, layer_idx, kwargs=kw)``
@@ -34,11 +35,16 @@ class RecurrentStateLayer(DynamicLayer):
     is_compileable = False
     is_sliding = False
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, window: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.state: LinearState | None = None
         self.cumulative_length = 0
         self._chunk_offset = 0
+        # sliding-window hybrids: the last W - 1 keys/values (the window of the next token, besides itself);
+        # every older key lives in the state
+        self.window = window
+        self.window_keys: torch.Tensor | None = None
+        self.window_values: torch.Tensor | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -56,19 +62,32 @@ class RecurrentStateLayer(DynamicLayer):
         module_kwargs["linear_state"] = self
         self._chunk_offset = self.cumulative_length
         self.cumulative_length += key_states.shape[-2]
+        if self.window and self.window_keys is not None:
+            # the kernel sees the cached window first: keys at positions offset - (W - 1) ...
+            self._chunk_offset -= self.window_keys.shape[-2]
+            return (torch.cat([self.window_keys, key_states], -2), torch.cat([self.window_values, value_states], -2))
         return key_states, value_states
 
     def attend(self, kernel: LinearKernel, q, k, v, *, key_mask, causal: bool, scaling: float | None) -> torch.Tensor:
         if not causal:
             raise ValueError("RecurrentStateCache is for causal decoding; bidirectional layers take no cache")
+        if kernel.window != self.window:
+            raise ValueError(f"this cache layer was built for window {self.window}, but its kernel has window "
+                             f"{kernel.window}; build a new cache after changing the kernel")
         out, self.state = kernel.forward_with_state(
             q, k, v, key_mask=key_mask, causal=True, scaling=scaling, state=self.state, offset=self._chunk_offset
         )
+        if self.window:
+            keep = min(k.shape[-2], self.window - 1)
+            # copies, so that the prefill's whole K/V is not kept alive through a view
+            self.window_keys = k[:, :, k.shape[-2] - keep:].clone()
+            self.window_values = v[:, :, v.shape[-2] - keep:].clone()
         return out
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        # the mask covers the new chunk only; the past lives in the state
-        return query_length, self.cumulative_length
+        # the whole 2-D padding mask, as a DynamicLayer's: each layer slices the keys it sees (the new chunk,
+        # or the window plus the new chunk), and softmax layers of a hybrid model see every key
+        return self.cumulative_length + query_length, 0
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
@@ -78,6 +97,7 @@ class RecurrentStateLayer(DynamicLayer):
 
     def reset(self) -> None:
         self.state = None
+        self.window_keys = self.window_values = None
         self.cumulative_length = 0
         self._chunk_offset = 0
         self.is_initialized = False
@@ -93,6 +113,8 @@ class RecurrentStateLayer(DynamicLayer):
     def _map_state(self, fn) -> None:
         if self.state is not None:
             self.state = LinearState(fn(self.state.S), fn(self.state.z))
+        if self.window_keys is not None:
+            self.window_keys, self.window_values = fn(self.window_keys), fn(self.window_values)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._map_state(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -104,7 +126,11 @@ class RecurrentStateLayer(DynamicLayer):
         self._map_state(lambda t: t[indices])
 
     def nbytes(self) -> int:
-        return 0 if self.state is None else _bytes(self.state.S, self.state.z)
+        """The state plus the window's K/V (at most W - 1 positions): constant in the context length."""
+        total = 0 if self.state is None else _bytes(self.state.S, self.state.z)
+        if self.window_keys is not None:
+            total += _bytes(self.window_keys, self.window_values)
+        return total
 
 
 class RecurrentStateCache(Cache):
@@ -116,7 +142,7 @@ class RecurrentStateCache(Cache):
         kernels = [getattr(m, KERNEL_ATTR, None) for m in attention_modules(model)]
         if not any(isinstance(k, LinearKernel) for k in kernels):
             raise ValueError("RecurrentStateCache needs a model patched with at least one linear kernel")
-        super().__init__(layers=[RecurrentStateLayer() if isinstance(k, LinearKernel) else DynamicLayer()
+        super().__init__(layers=[RecurrentStateLayer(window=k.window) if isinstance(k, LinearKernel) else DynamicLayer()
                                  for k in kernels])
 
     def nbytes(self) -> int:

@@ -18,6 +18,7 @@ from torch import nn
 
 from . import linear
 from .base import Kernel, KernelOptions, LayerShape, accum, group_queries, one_of, positive, ungroup_output
+from .window import hybrid_attention
 
 BLOCK_FEATURE_VALUES = 1 << 18  # 1 MiB of fp32 features per block: measured fastest on CPU
 QUADRATIC_SCORE_VALUES = 1 << 21  # scores per query block of the quadratic form (8 MiB in fp32)
@@ -30,11 +31,18 @@ SCAN_COST_FACTOR = 1.75
 class LinearOptions(KernelOptions):
     eps: float = 1e-6
     chunk_size: int = linear.DEFAULT_CHUNK
+    window: int = 0  # W > 0: exact softmax over the last W keys, the feature map over older ones (kernels/window.py)
+    window_mix: bool = False  # a learnable per-head factor λ_h = exp(θ_h) on the feature-map part (LoLCATs)
 
     def validate(self) -> None:
         positive("eps", self.eps, allow_none=False)
         if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size <= 0:
             raise ValueError(f"chunk_size must be an integer > 0, got {self.chunk_size!r}")
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
+            raise ValueError(f"window must be an integer >= 0 (0 = no softmax window), got {self.window!r}")
+        one_of("window_mix", self.window_mix, (True, False))
+        if self.window_mix and not self.window:
+            raise ValueError("window_mix=True needs a window > 0 (it weighs the feature-map part against the window)")
 
 
 def dense(x: torch.Tensor) -> torch.Tensor:
@@ -44,10 +52,26 @@ def dense(x: torch.Tensor) -> torch.Tensor:
 
 
 class LinearKernel(Kernel):
-    """out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / max(φ(q_i)ᵀ Σ_j φ(k_j), eps)."""
+    """out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / max(φ(q_i)ᵀ Σ_j φ(k_j), eps); with the option ``window`` W > 0, the
+    sliding-window hybrid of :mod:`.window` (softmax over the last W keys, φ over the older ones)."""
 
     is_linear: ClassVar[bool] = True
     options_cls = LinearOptions
+
+    def __init__(self, shape: LayerShape, options: LinearOptions) -> None:
+        super().__init__(shape, options)
+        if options.window_mix:
+            self.window_log_mix = nn.Parameter(torch.zeros(shape.num_heads))  # ln λ_h per query head
+
+    def reset_parameters(self) -> None:
+        """Subclasses with parameters of their own call this too."""
+        if hasattr(self, "window_log_mix"):
+            with torch.no_grad():
+                self.window_log_mix.zero_()
+
+    @property
+    def window(self) -> int:
+        return self.options.window
 
     def feature_q(self, q: torch.Tensor, pos: torch.Tensor, scaling: float) -> torch.Tensor:
         """``[B, Hkv, G, N, D]`` fp32 -> ``[B, Hkv, G, N, F]``."""
@@ -92,6 +116,8 @@ class LinearKernel(Kernel):
         instead, when a cheaper evaluation order has no state."""
         self.check_inputs(q, k, v, causal)
         scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
+        if self.window:
+            return self._windowed(q, k, v, key_mask, causal, scaling, state, offset, need_state)
         if not self._needs_grad(q, k, v, state):
             if not causal and self.log_decay() is None:
                 if self._quadratic_is_cheaper(q, k, v, False, causal=False):
@@ -120,6 +146,20 @@ class LinearKernel(Kernel):
             num, den = linear.bidirectional(fq, fk, v, log_decay=decay, chunk_size=chunk)
             state = None
         return ungroup_output(linear.normalize(num, den, self.options.eps)).to(q.dtype), state
+
+    def _windowed(self, q, k, v, key_mask, causal, scaling, state, offset, need_state):
+        """The sliding-window hybrid (:func:`.window.hybrid_attention`); the state (causal) holds the keys
+        before ``k``, and the one returned holds every key but the last W - 1."""
+        fq, fk = self.features(q, k, scaling, offset)
+        log_mix = getattr(self, "window_log_mix", None)
+        if log_mix is not None:
+            log_mix = log_mix.view(k.shape[1], -1)
+        return hybrid_attention(
+            group_queries(q, k.shape[1]), k, v, fq, fk, window=self.window, scaling=scaling, causal=causal,
+            key_mask=key_mask, state=state, log_decay=self.log_decay(), log_mix=log_mix,
+            chunk_size=self.options.chunk_size, need_state=need_state and causal,
+            blocked=not self._needs_grad(q, k, v, state),
+        )
 
     def closed_form(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> linear.ClosedForm | None:
         """φ(q)·φ(k) as a function of cheaper vectors (``[B, Hq, N, d]`` / ``[B, Hkv, N, d]``), if the kernel
@@ -462,6 +502,7 @@ class PerformerKernel(LinearKernel):
         self.calls = 0
 
     def reset_parameters(self) -> None:
+        super().reset_parameters()
         gen = layer_generator(self.options.seed, self.shape.layer_idx)
         with torch.no_grad():
             self.omega.copy_(orthogonal_gaussian(self.omega.shape[0], self.omega.shape[1], gen))
@@ -599,6 +640,7 @@ class DijiangKernel(LinearKernel):
         self.gammas = gammas.tolist()
 
     def reset_parameters(self) -> None:
+        super().reset_parameters()
         d = self.projection.shape[0]
         gen = layer_generator(self.options.seed, self.shape.layer_idx)
         u = torch.rand(d, generator=gen, dtype=torch.float64)
@@ -652,6 +694,7 @@ class HedgehogKernel(LinearKernel):
         self.bias_k = nn.Parameter(torch.empty(shape.num_kv_heads, f))
 
     def reset_parameters(self) -> None:
+        super().reset_parameters()
         with torch.no_grad():
             for w in (self.weight_q, self.weight_k):
                 w.zero_()

@@ -1,0 +1,214 @@
+"""Sliding-window hybrid: exact softmax over the W most recent keys, a feature map over the older ones,
+one shared normaliser (LoLCATs, Zhang et al. ICLR 2025; Based, Arora et al. ICML 2024):
+
+    out_i = (Σ_{j∈win(i)} e^{s q_i·k_j} v_j + λ_h Σ_{j∉win(i)} w_ij φ(q_i)·φ(k_j) v_j)
+            / (Σ_{j∈win(i)} e^{s q_i·k_j}     + λ_h Σ_{j∉win(i)} w_ij φ(q_i)·φ(k_j))
+
+with win(i) = {j : i - W < j ≤ i} (causal) or {j : |i - j| < W} (bidirectional), w_ij the kernel's decay
+(DiJiang: γ^|i-j|, else 1) and λ_h = exp(θ_h) an optional learnable per-head factor (1 otherwise).
+
+Evaluation: positions are cut into chunks of C ≥ W. A query in chunk c sees its window and the
+feature-map keys closest to it among chunks c-1, c (and c+1 bidirectionally), scored explicitly (an
+N × 2C or N × 3C band); every key further away is out of the window and enters through a running state
+Σ φ(k)[v, 1]ᵀ of whole chunks. Cost O(N·C·(D + F) + N·F·Dv); nothing N × N is built.
+Numerics: both sums are multiplied by e^{-m_i}, m_i = max(0, max_{j∈win(i)} s q_i·k_j), which cancels
+exactly and keeps e^{s q·k - m} ≤ 1 and e^{-m} ≤ 1 in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .base import accum, ungroup_output
+from .linear import LinearState, accumulate, with_ones
+
+# no-grad: query chunks per block sized so that one block's band scores stay near this many values
+BAND_SCORE_VALUES = 1 << 21
+
+
+def chunk_length(window: int, chunk_size: int, length: int) -> int:
+    """C: at least the window (so every key outside the band is outside the window), at most the length."""
+    return max(1, min(max(chunk_size, window), length))
+
+
+def _decay_table(log_decay: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
+    """γ_h^e ``[Hkv, *e.shape]`` as exp(e · ln γ)."""
+    return torch.exp(log_decay.view(-1, *([1] * exponents.dim())) * exponents)
+
+
+def hybrid_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    fq: torch.Tensor,
+    fk: torch.Tensor,
+    *,
+    window: int,
+    scaling: float,
+    causal: bool,
+    key_mask: torch.Tensor | None = None,
+    state: LinearState | None = None,
+    log_decay: torch.Tensor | None = None,
+    log_mix: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    need_state: bool = False,
+    blocked: bool = False,
+) -> tuple[torch.Tensor, LinearState | None]:
+    """The hybrid of the module docstring for N queries at the last N of M key positions.
+
+    ``q`` ``[B, Hkv, G, N, D]`` (grouped), ``k`` ``[B, Hkv, M, D]``, ``v`` ``[B, Hkv, M, Dv]``, features ``fq``
+    ``[B, Hkv, G, N, F]`` and ``fk`` ``[B, Hkv, M, F]``; ``state`` holds the keys before ``k`` (causal; decayed
+    to k's first position); ``log_mix`` ``[Hkv, G]`` is ln λ. Returns ``[B, N, Hq, Dv]`` in q's dtype and, with
+    ``need_state`` (causal), the state of every key that is outside the window of the next position
+    (positions ≤ M - W), i.e. all but the last W - 1 keys. ``blocked`` bounds temporaries (no autograd).
+    """
+    out_dtype = q.dtype
+    q, k, v, fq, fk = accum(q), accum(k), accum(v), accum(fq), accum(fk)
+    b, hkv, g, n, _ = q.shape
+    m, dv = k.shape[-2], v.shape[-1]
+    kw = torch.ones(b, m, dtype=q.dtype, device=q.device) if key_mask is None else key_mask.to(q.dtype)
+    decay = None if log_decay is None else log_decay.to(q.dtype)
+    if causal:
+        fold = max(0, m - n - window + 1)  # keys outside every query's window: straight into the state
+        if fold:
+            state = accumulate(fk[:, :, :fold] * kw[:, None, :fold, None], v[:, :, :fold], state, decay)
+            k, v, fk, kw = k[:, :, fold:], v[:, :, fold:], fk[:, :, fold:], kw[:, fold:]
+            m -= fold
+    elif state is not None:
+        raise ValueError("a bidirectional window hybrid takes no state")
+    state_in = state
+    prefix = m - n
+    length = m
+    c = chunk_length(window, chunk_size, length)
+    chunks = -(-length // c)
+    padded = chunks * c
+    # queries padded on the left to align with the keys (those rows are dropped), everything padded on the
+    # right to whole chunks, keys padded by one empty chunk on each side (the neighbours of the edge chunks)
+    if prefix or padded > length:
+        q = F.pad(q, (0, 0, prefix, padded - length))
+        fq = F.pad(fq, (0, 0, prefix, padded - length))
+    kp = F.pad(k, (0, 0, c, padded - length + c))
+    fkp = F.pad(fk * kw[:, None, :, None], (0, 0, c, padded - length + c))
+    vp = F.pad(with_ones(v), (0, 0, c, padded - length + c))
+    kwp = F.pad(kw, (c, padded - length + c))
+    nf = fkp.shape[-1]
+    x = chunks + 2
+    parts = 2 if causal else 3  # the band of query chunk c: key chunks c - 1, c (and c + 1)
+    width = parts * c
+    # rows of a query chunk ordered (query head in group, position), so that one KV head's keys serve its G
+    # query heads; per (batch, KV head) the band of every chunk is a strided view of the padded keys (unfold
+    # with step C): batched matmuls read it in place
+    qr = (q * scaling).view(b, hkv, g, chunks, c, -1).transpose(2, 3).reshape(b, hkv, chunks, g * c, -1)
+    fqr = fq.view(b, hkv, g, chunks, c, nf).transpose(2, 3).reshape(b, hkv, chunks, g * c, nf)
+
+    idx = torch.arange(c, device=q.device, dtype=q.dtype)
+    fkc = fkp.view(b, hkv, x, c, nf)  # φ(k), zero for padded keys
+    vc = vp.view(b, hkv, x, c, dv + 1)
+    # prefix states P[c] (keys of chunks ≤ c - 2, decayed to the start of chunk c) from chunk sums U[x]
+    # over the padded chunks x (decayed to their ends); P[c] = γ^C (P[c - 1] + U[c - 1])
+    if decay is None:
+        u = fkc.transpose(-1, -2) @ vc  # [B, Hkv, X, F, Dv + 1]
+    else:
+        u = (fkc * _decay_table(decay, c - idx)[:, None, :, None]).transpose(-1, -2) @ vc
+    s0 = None if state_in is None else torch.cat([state_in.S, state_in.z.unsqueeze(-1)], -1)
+    prefix_states = _running(u[:, :, :chunks], s0, decay, c)  # [B, Hkv, chunks, F, Dv + 1]
+    suffix_states = None
+    if not causal:
+        # R[c] = Σ_{x ≥ c+3} γ^{(x-2-c)C} V[x] (keys of chunks ≥ c + 2, decayed to the end of chunk c),
+        # V[x] = chunk sums decayed to the chunk start
+        vsum = u if decay is None else (fkc * _decay_table(decay, idx)[:, None, :, None]).transpose(-1, -2) @ vc
+        suffix_states = _running(vsum[:, :, 3:].flip(2), None, decay, c, first_carry=True).flip(2)
+        suffix_states = F.pad(suffix_states, (0, 0, 0, 0, 0, chunks - suffix_states.shape[2]))
+
+    a_idx = torch.arange(c, device=q.device)[:, None]
+    b_idx = torch.arange(width, device=q.device)[None, :]
+    dist = a_idx - b_idx + c  # query position - key position
+    in_window = ((dist >= 0) & (dist < window) if causal else dist.abs() < window).repeat(g, 1)  # [G·C, W']
+    outside = (dist >= window if causal else dist.abs() >= window).repeat(g, 1)
+    # the kernel scores are needed only in the columns that hold a key outside some query's window
+    cols = outside.any(0).nonzero().flatten().tolist()
+    lo, hi = (cols[0], cols[-1] + 1) if cols else (0, 0)
+    band_weight = outside[:, lo:hi].to(q.dtype).expand(hkv, -1, -1)
+    if decay is not None:
+        band_weight = _decay_table(decay, dist.abs().to(q.dtype)).repeat(1, g, 1)[..., lo:hi] * band_weight
+    mix = None
+    if log_mix is not None:
+        mix = log_mix.to(q.dtype).exp().repeat_interleave(c, 1).view(hkv, g * c, 1)
+    q_to_prefix = None if decay is None else _decay_table(decay, idx).repeat(1, g).view(hkv, g * c, 1)
+    q_to_suffix = None if decay is None else _decay_table(decay, c - idx).repeat(1, g).view(hkv, g * c, 1)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, fq, fk, s0, log_mix) if t is not None)
+
+    out = torch.empty(b, hkv, chunks, g * c, dv, dtype=q.dtype, device=q.device)
+    step = chunks
+    if blocked:
+        step = max(1, BAND_SCORE_VALUES // max(1, g * c * width))
+    for bi in range(b):
+        real_band = kwp[bi].unfold(0, width, c) > 0  # [≥chunks, W']
+        for h in range(hkv):
+            k_band = kp[bi, h].unfold(0, width, c)  # [≥chunks, D, W']: kᵀ of each band
+            fk_band = fkp[bi, h].unfold(0, width, c)[..., lo:hi]  # [≥chunks, F, cols]
+            v_band = vp[bi, h].unfold(0, width, c).transpose(-1, -2)  # [≥chunks, W', Dv + 1]
+            for c0 in range(0, chunks, step):
+                c1 = min(chunks, c0 + step)
+                rows_q, rows_f = qr[bi, h, c0:c1], fqr[bi, h, c0:c1]
+                logits = torch.bmm(rows_q, k_band[c0:c1])  # [nb, G·C, W'], s q·k
+                hidden = ~in_window if key_mask is None else ~(in_window & real_band[c0:c1, None, :])
+                if grad:
+                    logits = logits.masked_fill(hidden, float("-inf"))
+                    top = logits.amax(-1, keepdim=True).clamp_min(0).detach()
+                    weights = torch.exp(logits - top)
+                else:
+                    top = logits.masked_fill_(hidden, float("-inf")).amax(-1, keepdim=True).clamp_min_(0)
+                    weights = logits.sub_(top).exp_()
+                far_scale = torch.exp(-top) if mix is None else torch.exp(-top) * mix[h]
+                far = torch.bmm(rows_f, prefix_states[bi, h, c0:c1])
+                if q_to_prefix is not None:
+                    far = far * q_to_prefix[h]
+                if suffix_states is not None:
+                    from_suffix = torch.bmm(rows_f, suffix_states[bi, h, c0:c1])
+                    far = far + (from_suffix if q_to_suffix is None else from_suffix * q_to_suffix[h])
+                o = far * far_scale
+                if hi > lo:
+                    scores = torch.bmm(rows_f, fk_band[c0:c1])
+                    if grad:
+                        o = o + torch.bmm(scores * band_weight[h] * far_scale, v_band[c0:c1, lo:hi])
+                    else:
+                        weights[..., lo:hi].addcmul_(scores.mul_(far_scale), band_weight[h])
+                o = o + torch.bmm(weights, v_band[c0:c1])
+                out[bi, h, c0:c1] = o[..., :dv] / o[..., dv:].clamp_min(torch.finfo(o.dtype).tiny)
+    res = out.view(b, hkv, chunks, g, c, dv).permute(0, 1, 3, 2, 4, 5).reshape(b, hkv, g, padded, dv)
+    res = ungroup_output(res[:, :, :, prefix:prefix + n]).to(out_dtype)
+    if not (causal and need_state):
+        return res, None
+    keep = max(0, min(length, window - 1))
+    done = length - keep
+    new_state = state_in
+    if done > 0 or new_state is None:
+        new_state = accumulate(fk[:, :, :done] * kw[:, None, :done, None], v[:, :, :done], state_in, decay)
+    return res, new_state
+
+
+def _running(u: torch.Tensor, s0: torch.Tensor | None, decay: torch.Tensor | None, c: int,
+             first_carry: bool = False) -> torch.Tensor:
+    """Exclusive running sums over the chunks (dim 2; dim 1 is the KV head): out[0] = s0 (or 0),
+    out[x] = γ^C (out[x - 1] + u[x - 1]). With ``first_carry`` the sums are inclusive and decayed once more:
+    out[x] = γ^C (out[x - 1] + u[x]), out[-1] = 0 (the suffix states, from chunk sums two chunks away)."""
+    if decay is None:
+        if first_carry:
+            return u.cumsum(2)
+        shifted = F.pad(u[:, :, :-1], (0, 0, 0, 0, 1, 0)).cumsum(2)
+        return shifted if s0 is None else shifted + s0.unsqueeze(2)
+    carry = torch.exp(decay * c).view(-1, 1, 1)
+    outs = []
+    if first_carry:
+        acc = None
+        for i in range(u.shape[2]):
+            acc = carry * (u[:, :, i] if acc is None else acc + u[:, :, i])
+            outs.append(acc)
+        return torch.stack(outs, 2) if outs else u
+    acc = torch.zeros_like(u[:, :, 0]) if s0 is None else s0
+    for i in range(u.shape[2]):
+        outs.append(acc)
+        acc = carry * (acc + u[:, :, i])
+    return torch.stack(outs, 2)
