@@ -30,6 +30,9 @@ class KernelAttentionConfig:
     kernel: str
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     layers: dict[int, LayerChoice] = dataclasses.field(default_factory=dict)
+    # how an automatic layer choice (layers="auto:K") was made: {"keep_softmax": K, "softmax_layers": [...],
+    # "errors": {index: transfer error}, "calibration_tokens": n}; a record only, ``layers`` holds the choice
+    auto: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -50,6 +53,12 @@ class KernelAttentionConfig:
         overrides: dict[int, LayerChoice] = {}
         if layers is None:
             pass
+        elif isinstance(layers, str):
+            raise ValueError(
+                f"layers={layers!r}: an automatic choice ('auto:K') is made by patch(), from_pretrained() or the "
+                "training config, which run the model on calibration text; here layers must be None, a list of "
+                "layer indices or a dict {index: kernel}"
+            )
         elif isinstance(layers, dict):
             for idx, choice in layers.items():
                 overrides[_layer_index(idx, num_layers)] = _layer_choice(choice)
@@ -85,7 +94,10 @@ class KernelAttentionConfig:
             str(i): (c.kernel if not c.params else {"kernel": c.kernel, "params": dict(c.params)})
             for i, c in sorted(self.layers.items())
         }
-        return {"kernel": self.kernel, "params": dict(self.params), "layers": layers, "version": FORMAT_VERSION}
+        out = {"kernel": self.kernel, "params": dict(self.params), "layers": layers, "version": FORMAT_VERSION}
+        if self.auto is not None:
+            out["auto"] = dict(self.auto)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KernelAttentionConfig:
@@ -112,14 +124,18 @@ class KernelAttentionConfig:
         raw_layers = data.get("layers")
         if raw_layers is not None and not isinstance(raw_layers, dict):
             raise ValueError(f"{where}['layers'] must be a mapping {{index: kernel}}, got {raw_layers!r}")
+        auto = data.get("auto")
+        if auto is not None and not isinstance(auto, dict):
+            raise ValueError(f"{where}['auto'] must be a mapping (the record of an automatic layer choice), "
+                             f"got {auto!r}")
         try:
             layers = {_layer_index(i, None): _layer_choice(c) for i, c in (raw_layers or {}).items()}
-            return cls(kernel=kernel, params=dict(params or {}), layers=layers)
+            return cls(kernel=kernel, params=dict(params or {}), layers=layers, auto=auto)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
 
 
-_DICT_KEYS = ("kernel", "params", "layers", "version")
+_DICT_KEYS = ("kernel", "params", "layers", "version", "auto")
 
 
 def _layer_index(idx: Any, num_layers: int | None) -> int:

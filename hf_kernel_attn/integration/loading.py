@@ -52,6 +52,7 @@ def from_pretrained(
     layers: Any = None,
     model_class: Any = None,
     kernel_params: dict[str, Any] | None = None,
+    calibration: Any = None,
     **kwargs: Any,
 ):
     """Load a transformers model with ``kernel`` in place of softmax attention.
@@ -59,8 +60,11 @@ def from_pretrained(
     ``kwargs`` that are options of ``kernel`` go to the kernel; the rest go to ``from_pretrained``
     (``gguf_file=``, ``dtype=``, ``device_map=``, ...). The auto class comes from the checkpoint's
     ``architectures`` unless ``model_class`` (a class or its name) is given. Without ``kernel`` a saved
-    kernel model is loaded as it was saved (``kernel_attention`` in its config)."""
+    kernel model is loaded as it was saved (``kernel_attention`` in its config). ``layers="auto:K"`` with
+    ``calibration`` (token ids or a tokenizer's output) keeps the K layers furthest from softmax as softmax."""
     from transformers import AutoConfig
+
+    from .layer_choice import auto_patch, parse_auto
 
     config = kwargs.pop("config", None)
     if config is None:
@@ -73,6 +77,15 @@ def from_pretrained(
     params.update(kernel_params or {})
     text = config.get_text_config()
     num_layers = getattr(text, "num_hidden_layers", None)
+    keep = parse_auto(layers, num_layers)
+    if keep is not None:
+        if calibration is None:
+            raise ValueError("layers='auto:K' needs calibration= token ids [batch, tokens] or a tokenizer's output "
+                             "(the text on which each layer's transfer error is measured)")
+        model = from_pretrained(name_or_path, kernel, None, model_class, params, config=config, **hf_kwargs)
+        return auto_patch(model, kernel, keep, calibration, **params)
+    if calibration is not None:
+        raise ValueError("calibration= is only used with layers='auto:K'")
     kcfg = KernelAttentionConfig.create(kernel, layers, num_layers=num_layers, **params)
     config = copy.deepcopy(config)
     setattr(config, CONFIG_KEY, kcfg.to_dict())

@@ -125,14 +125,23 @@ def num_attention_layers(model: nn.Module) -> int:
     return len(attention_modules(model))
 
 
-def patch(model: nn.Module, kernel: str, layers: Any = None, **params: Any) -> nn.Module:
+def patch(model: nn.Module, kernel: str, layers: Any = None, calibration: Any = None, **params: Any) -> nn.Module:
     """Swap the attention kernel of ``model`` in place (and return it).
 
     ``layers``: None (all layers), a list of layer indices that run ``kernel`` (others keep softmax),
-    or a dict {index: kernel name}; negative indices count from the end. ``params`` are the
-    kernel's options (see ``hf_kernel_attn.available_kernels()``)."""
+    a dict {index: kernel name}, or ``"auto:K"``: the K layers with the largest attention-transfer error on
+    ``calibration`` (token ids ``[B, N]`` or a tokenizer's output) stay softmax (integration/layer_choice.py).
+    Negative indices count from the end. ``params`` are the kernel's options (see
+    ``hf_kernel_attn.available_kernels()``)."""
+    from .layer_choice import auto_patch, parse_auto
+
     if not hasattr(model, "config"):
         raise ValueError(f"patch() needs a transformers PreTrainedModel, got {type(model).__name__}")
+    keep = parse_auto(layers, num_attention_layers(model))
+    if keep is not None:
+        return auto_patch(model, kernel, keep, calibration, **params)
+    if calibration is not None:
+        raise ValueError("calibration= is only used with layers='auto:K'")
     kcfg = KernelAttentionConfig.create(kernel, layers, num_layers=num_attention_layers(model), **params)
     return apply_config(model, kcfg)
 

@@ -34,6 +34,7 @@ class AttentionTransfer:
             raise ValueError(f"unknown transfer loss {loss!r}; valid: {list(TRANSFER_LOSSES)}")
         self.loss = loss
         self.losses: list[torch.Tensor] = []
+        self.layers: list[int] = []  # the attention layer of each loss
 
     def total(self) -> torch.Tensor:
         """Σ_l L_l (each layer's parameters get only their own layer's gradient)."""
@@ -49,6 +50,7 @@ class AttentionTransfer:
 
     def clear(self) -> None:
         self.losses.clear()
+        self.layers.clear()
 
     def step(self, kernel: Kernel, q, k, v, *, key_mask, causal: bool, scaling: float | None) -> torch.Tensor:
         q, k, v = q.detach(), k.detach(), v.detach()
@@ -63,6 +65,7 @@ class AttentionTransfer:
             else:
                 loss = diff.mean()
         self.losses.append(loss)
+        self.layers.append(kernel.shape.layer_idx)
         return teacher
 
 

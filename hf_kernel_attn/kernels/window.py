@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from .base import accum, ungroup_output
 from .linear import LinearState, accumulate, with_ones
 
-# no-grad: query chunks per block sized so that one block's band scores stay near this many values
-BAND_SCORE_VALUES = 1 << 21
+# no-grad: query chunks per block sized so that one block's band scores (256 KiB) stay in cache
+BAND_SCORE_VALUES = 1 << 16
 
 
 def chunk_length(window: int, chunk_size: int, length: int) -> int:
@@ -88,19 +88,18 @@ def hybrid_attention(
     if prefix or padded > length:
         q = F.pad(q, (0, 0, prefix, padded - length))
         fq = F.pad(fq, (0, 0, prefix, padded - length))
-    kp = F.pad(k, (0, 0, c, padded - length + c))
-    fkp = F.pad(fk * kw[:, None, :, None], (0, 0, c, padded - length + c))
+    kp = F.pad(k, (0, 0, c, padded - length + c)).mul_(scaling)  # s k: the logits come straight from one matmul
+    fkp = F.pad(fk if key_mask is None else fk * kw[:, None, :, None], (0, 0, c, padded - length + c))
     vp = F.pad(with_ones(v), (0, 0, c, padded - length + c))
     kwp = F.pad(kw, (c, padded - length + c))
     nf = fkp.shape[-1]
     x = chunks + 2
     parts = 2 if causal else 3  # the band of query chunk c: key chunks c - 1, c (and c + 1)
     width = parts * c
-    # rows of a query chunk ordered (query head in group, position), so that one KV head's keys serve its G
-    # query heads; per (batch, KV head) the band of every chunk is a strided view of the padded keys (unfold
-    # with step C): batched matmuls read it in place
-    qr = (q * scaling).view(b, hkv, g, chunks, c, -1).transpose(2, 3).reshape(b, hkv, chunks, g * c, -1)
-    fqr = fq.view(b, hkv, g, chunks, c, nf).transpose(2, 3).reshape(b, hkv, chunks, g * c, nf)
+    # per (batch, KV head) the band of every query chunk is a strided view of the padded keys (unfold with
+    # step C), which batched matmuls read in place; each query head's chunks are a view of q
+    qc = q.reshape(b, hkv, g, chunks, c, -1)
+    fqc = fq.reshape(b, hkv, g, chunks, c, nf)
 
     idx = torch.arange(c, device=q.device, dtype=q.dtype)
     fkc = fkp.view(b, hkv, x, c, nf)  # φ(k), zero for padded keys
@@ -124,61 +123,64 @@ def hybrid_attention(
     a_idx = torch.arange(c, device=q.device)[:, None]
     b_idx = torch.arange(width, device=q.device)[None, :]
     dist = a_idx - b_idx + c  # query position - key position
-    in_window = ((dist >= 0) & (dist < window) if causal else dist.abs() < window).repeat(g, 1)  # [G·C, W']
-    outside = (dist >= window if causal else dist.abs() >= window).repeat(g, 1)
+    in_window = (dist >= 0) & (dist < window) if causal else dist.abs() < window  # [C, W']
+    outside = dist >= window if causal else dist.abs() >= window
+    hidden = ~in_window
     # the kernel scores are needed only in the columns that hold a key outside some query's window
     cols = outside.any(0).nonzero().flatten().tolist()
     lo, hi = (cols[0], cols[-1] + 1) if cols else (0, 0)
     band_weight = outside[:, lo:hi].to(q.dtype).expand(hkv, -1, -1)
     if decay is not None:
-        band_weight = _decay_table(decay, dist.abs().to(q.dtype)).repeat(1, g, 1)[..., lo:hi] * band_weight
-    mix = None
-    if log_mix is not None:
-        mix = log_mix.to(q.dtype).exp().repeat_interleave(c, 1).view(hkv, g * c, 1)
-    q_to_prefix = None if decay is None else _decay_table(decay, idx).repeat(1, g).view(hkv, g * c, 1)
-    q_to_suffix = None if decay is None else _decay_table(decay, c - idx).repeat(1, g).view(hkv, g * c, 1)
+        band_weight = _decay_table(decay, dist.abs().to(q.dtype))[..., lo:hi] * band_weight  # [Hkv, C, cols]
+    mix = None if log_mix is None else log_mix.to(q.dtype).exp()  # [Hkv, G]
+    q_to_prefix = None if decay is None else _decay_table(decay, idx)[..., None]  # [Hkv, C, 1]
+    q_to_suffix = None if decay is None else _decay_table(decay, c - idx)[..., None]
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, fq, fk, s0, log_mix) if t is not None)
 
-    out = torch.empty(b, hkv, chunks, g * c, dv, dtype=q.dtype, device=q.device)
-    step = chunks
-    if blocked:
-        step = max(1, BAND_SCORE_VALUES // max(1, g * c * width))
+    out = torch.empty(b, hkv, g, chunks, c, dv, dtype=q.dtype, device=q.device)
+    step = chunks if not blocked else max(1, BAND_SCORE_VALUES // (c * width))
+    tiny = torch.finfo(q.dtype).tiny
     for bi in range(b):
-        real_band = kwp[bi].unfold(0, width, c) > 0  # [≥chunks, W']
+        real_band = None if key_mask is None else kwp[bi].unfold(0, width, c) > 0  # [≥chunks, W']
         for h in range(hkv):
-            k_band = kp[bi, h].unfold(0, width, c)  # [≥chunks, D, W']: kᵀ of each band
+            k_band = kp[bi, h].unfold(0, width, c)  # [≥chunks, D, W']: s kᵀ of each band
             fk_band = fkp[bi, h].unfold(0, width, c)[..., lo:hi]  # [≥chunks, F, cols]
             v_band = vp[bi, h].unfold(0, width, c).transpose(-1, -2)  # [≥chunks, W', Dv + 1]
-            for c0 in range(0, chunks, step):
-                c1 = min(chunks, c0 + step)
-                rows_q, rows_f = qr[bi, h, c0:c1], fqr[bi, h, c0:c1]
-                logits = torch.bmm(rows_q, k_band[c0:c1])  # [nb, G·C, W'], s q·k
-                hidden = ~in_window if key_mask is None else ~(in_window & real_band[c0:c1, None, :])
-                if grad:
-                    logits = logits.masked_fill(hidden, float("-inf"))
-                    top = logits.amax(-1, keepdim=True).clamp_min(0).detach()
-                    weights = torch.exp(logits - top)
-                else:
-                    top = logits.masked_fill_(hidden, float("-inf")).amax(-1, keepdim=True).clamp_min_(0)
-                    weights = logits.sub_(top).exp_()
-                far_scale = torch.exp(-top) if mix is None else torch.exp(-top) * mix[h]
-                far = torch.bmm(rows_f, prefix_states[bi, h, c0:c1])
-                if q_to_prefix is not None:
-                    far = far * q_to_prefix[h]
-                if suffix_states is not None:
-                    from_suffix = torch.bmm(rows_f, suffix_states[bi, h, c0:c1])
-                    far = far + (from_suffix if q_to_suffix is None else from_suffix * q_to_suffix[h])
-                o = far * far_scale
-                if hi > lo:
-                    scores = torch.bmm(rows_f, fk_band[c0:c1])
+            for gi in range(g):
+                for c0 in range(0, chunks, step):
+                    c1 = min(chunks, c0 + step)
+                    rows_q, rows_f = qc[bi, h, gi, c0:c1], fqc[bi, h, gi, c0:c1]  # [nb, C, D], [nb, C, F]
+                    logits = torch.bmm(rows_q, k_band[c0:c1])  # [nb, C, W'], s q·k
+                    mask = hidden if real_band is None else hidden | ~real_band[c0:c1, None, :]
                     if grad:
-                        o = o + torch.bmm(scores * band_weight[h] * far_scale, v_band[c0:c1, lo:hi])
+                        logits = logits.masked_fill(mask, float("-inf"))
+                        top = logits.amax(-1, keepdim=True).clamp_min(0).detach()
+                        weights = torch.exp(logits - top)
                     else:
-                        weights[..., lo:hi].addcmul_(scores.mul_(far_scale), band_weight[h])
-                o = o + torch.bmm(weights, v_band[c0:c1])
-                out[bi, h, c0:c1] = o[..., :dv] / o[..., dv:].clamp_min(torch.finfo(o.dtype).tiny)
-    res = out.view(b, hkv, chunks, g, c, dv).permute(0, 1, 3, 2, 4, 5).reshape(b, hkv, g, padded, dv)
-    res = ungroup_output(res[:, :, :, prefix:prefix + n]).to(out_dtype)
+                        top = logits.masked_fill_(mask, float("-inf")).amax(-1, keepdim=True).clamp_min_(0)
+                        weights = logits.sub_(top).exp_()
+                    far_scale = torch.exp(-top)
+                    if mix is not None:
+                        far_scale = far_scale * mix[h, gi]
+                    far = torch.bmm(rows_f, prefix_states[bi, h, c0:c1])
+                    if q_to_prefix is not None:
+                        far = far * q_to_prefix[h]
+                    if suffix_states is not None:
+                        from_suffix = torch.bmm(rows_f, suffix_states[bi, h, c0:c1])
+                        far = far + (from_suffix if q_to_suffix is None else from_suffix * q_to_suffix[h])
+                    o = far * far_scale
+                    if hi > lo:
+                        scores = torch.bmm(rows_f, fk_band[c0:c1])
+                        if grad:
+                            o = o + torch.bmm(scores * band_weight[h] * far_scale, v_band[c0:c1, lo:hi])
+                        else:
+                            weights[..., lo:hi].addcmul_(scores.mul_(far_scale), band_weight[h])
+                    o = o + torch.bmm(weights, v_band[c0:c1])
+                    if grad:
+                        out[bi, h, gi, c0:c1] = o[..., :dv] / o[..., dv:].clamp_min(tiny)
+                    else:
+                        torch.div(o[..., :dv], o[..., dv:].clamp_min_(tiny), out=out[bi, h, gi, c0:c1])
+    res = ungroup_output(out.view(b, hkv, g, padded, dv)[:, :, :, prefix:prefix + n]).to(out_dtype)
     if not (causal and need_state):
         return res, None
     keep = max(0, min(length, window - 1))

@@ -29,7 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "task": "causal_lm",
     "kernel": None,
     "kernel_params": {},
-    "layers": None,              # list of layer indices, or {index: kernel}; None = every layer
+    "layers": None,              # list of layer indices, {index: kernel}, or "auto:K"; None = every layer
     "data": {
         "train": [],             # local files, or a hub dataset id (string)
         "glue_task": None,       # sst2 | mrpc | rte | cola | stsb | qnli: column layout of GLUE files
@@ -227,9 +227,16 @@ def validate(config: dict[str, Any]) -> None:
     _check(isinstance(config["kernel_params"], dict),
            f"kernel_params must be a mapping of kernel options, got {config['kernel_params']!r}")
     layers = config["layers"]
-    _check(layers is None or isinstance(layers, (list, dict)),
-           f"layers must be null, a list of layer indices or a mapping {{index: kernel}}, got {layers!r}")
-    if isinstance(layers, list):
+    _check(layers is None or isinstance(layers, (list, dict, str)),
+           f"layers must be null, a list of layer indices, a mapping {{index: kernel}} or 'auto:K', got {layers!r}")
+    if isinstance(layers, str):
+        from ..integration.layer_choice import parse_auto
+
+        try:
+            parse_auto(layers)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    elif isinstance(layers, list):
         bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int)]
         _check(not bad, f"layers: layer indices must be integers, got {bad!r} in {layers!r}")
     elif isinstance(layers, dict):  # keys and kernels; the range is checked against the model when it loads

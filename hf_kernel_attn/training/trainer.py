@@ -34,7 +34,8 @@ import torch.distributed as dist
 
 from ..evaluation.runner import mean_pool
 from ..evaluation.tasks import glue_metrics
-from ..integration.patching import attention_modules, patch
+from ..integration.layer_choice import parse_auto
+from ..integration.patching import attention_modules, num_attention_layers, patch
 from ..integration.transfer import attention_transfer, softmax_teacher
 from . import checkpoint as ckpt
 from .config import STAGES, dump_config
@@ -42,6 +43,7 @@ from .data import BatchPlan, check_training_data, glue_examples, sentences, text
 
 LOG_FILE = "training_log.jsonl"
 VALIDATION_FILE = "validation.jsonl"
+AUTO_LAYERS_FILE = "auto_layers.json"  # layers: auto:K -- the layers kept as softmax and every layer's error
 _AUTO_CLASS = {
     "causal_lm": "AutoModelForCausalLM",
     "sequence_classification": "AutoModelForSequenceClassification",
@@ -178,7 +180,14 @@ class Trainer:
         model = cls.from_pretrained(source, **kwargs)
         if model.config.pad_token_id is None:
             model.config.pad_token_id = self.tokenizer.pad_token_id
-        patch(model, kernel=cfg["kernel"], layers=cfg["layers"], **cfg["kernel_params"])
+        self.auto_keep = parse_auto(cfg["layers"])
+        self._auto_applied = False
+        # layers: auto:K converts every layer first; the choice is made after attention transfer
+        patch(model, kernel=cfg["kernel"], layers=None if self.auto_keep is not None else cfg["layers"],
+              **cfg["kernel_params"])
+        if self.auto_keep is not None and self.auto_keep > num_attention_layers(model):
+            raise ValueError(f"layers: auto:{self.auto_keep} keeps more layers as softmax than the model has "
+                             f"({num_attention_layers(model)})")
         model.to(self.device)
         # kernel parameters the kernel itself declares learnable (σ, g, hedgehog maps, learnable ω)
         self.kernel_params = {id(p) for n, p in model.named_parameters() if ".kernel_attn." in n and p.requires_grad}
@@ -266,6 +275,56 @@ class Trainer:
                 out = self.model(**enc).last_hidden_state
                 self.teacher[idx] = mean_pool(out, enc["attention_mask"]).float().cpu()
         self.model.train(was_training)
+
+    # ---------------------------------------------------------------- automatic layer choice
+    def _calibration_batches(self) -> list[dict[str, Any]]:
+        """The held-out validation batches (the first training batches when there are none) as model inputs."""
+        data = self.config["data"]
+        rows = self.valid.items if len(self.valid) else self.train.items
+        n = min(len(rows), data["validation_batches"] * data["batch_size"])
+        bs = data["batch_size"]
+        batches = []
+        for s in range(0, n, bs):
+            if self.task == "causal_lm":
+                batches.append({"input_ids": rows[s:s + bs]})
+            elif self.task == "sequence_classification":
+                batch, _ = self._batch(rows, list(range(s, min(n, s + bs))))
+                batches.append(self._inputs(batch))
+            else:
+                texts = [r if isinstance(r, str) else r.text_a for r in rows[s:s + bs]]
+                batches.append(dict(self._encode(texts)))
+        return batches
+
+    def _apply_auto_layers(self) -> None:
+        """``layers: auto:K``: once attention transfer is over, keep the K layers with the largest transfer
+        error on the held-out text as softmax (their kernels are dropped; the others keep their trained
+        parameters). The choice is written to auto_layers.json and reused on resume."""
+        if self.auto_keep is None or self._auto_applied:
+            return
+        from ..integration.layer_choice import apply_choice, choose_softmax_layers, transfer_errors
+
+        cfg = self.config
+        path = self.out / AUTO_LAYERS_FILE
+        if path.exists():
+            record = json.loads(path.read_text())
+        else:
+            batches = self._calibration_batches()
+            errors = transfer_errors(self.model, batches)
+            chosen = choose_softmax_layers(errors, self.auto_keep)
+            record = {"keep_softmax": self.auto_keep, "softmax_layers": chosen,
+                      "errors": {str(i): e for i, e in errors.items()},
+                      "calibration_tokens": sum(int(b["input_ids"].numel()) for b in batches)}
+            if self.main:
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(record, indent=2) + "\n")
+                os.replace(tmp, path)
+            _barrier()
+        apply_choice(self.model, cfg["kernel"], cfg["kernel_params"], record["softmax_layers"], record)
+        self._auto_applied = True
+        if self.main:
+            worst = {i: round(record["errors"][str(i)], 6) for i in record["softmax_layers"]}
+            print(f"layers auto:{self.auto_keep}: keeping layers {record['softmax_layers']} as softmax "
+                  f"(transfer errors {worst}; all layers in {path})", flush=True)
 
     # ---------------------------------------------------------------- stages
     def _enter(self, stage: str) -> None:
@@ -437,6 +496,8 @@ class Trainer:
         if resume_from is None and cfg["validate"]:
             self._log_validation(state, "start")
         for i, stage in enumerate(active):
+            if stage != "transfer":
+                self._apply_auto_layers()
             if i < done_before:
                 self._enter(stage)
                 continue
@@ -449,6 +510,7 @@ class Trainer:
             else:
                 state.update(stage=stage, stage_step=0, stage_done=False, stage_seconds=0.0)
                 self._run_stage(stage, state, None)
+        self._apply_auto_layers()
         path = self._save_final()
         self.accelerator.end_training()
         return path

@@ -1,0 +1,136 @@
+"""Automatic per-layer kernel choice: ``layers="auto:K"`` keeps as softmax the K attention layers whose kernel
+is furthest from softmax on calibration text, and converts the rest.
+
+A layer's error is its attention-transfer loss (integration/transfer.py, LoLCATs' layer-local output MSE):
+mean (y_kernel - y_softmax)² over the calibration tokens, with every layer fed the original model's
+activations, so the errors of different layers are measured on the same inputs and do not compound.
+The choice and the errors are recorded in ``config.kernel_attention["auto"]``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import CONFIG_KEY, KernelAttentionConfig
+from .transfer import attention_transfer
+
+logger = logging.getLogger("hf_kernel_attn")
+AUTO_PREFIX = "auto:"
+
+
+def parse_auto(layers: Any, num_layers: int | None = None) -> int | None:
+    """K for ``layers="auto:K"``; None for any other (non-string) ``layers``; a ValueError for a bad string."""
+    if not isinstance(layers, str):
+        return None
+    count = layers[len(AUTO_PREFIX):] if layers.startswith(AUTO_PREFIX) else None
+    if count is None or not count.isdigit():
+        raise ValueError(f"layers={layers!r}: a string must be 'auto:K' (K = how many layers stay softmax, an "
+                         "integer >= 0); otherwise pass None, a list of layer indices or a dict {index: kernel}")
+    k = int(count)
+    if num_layers is not None and k > num_layers:
+        raise ValueError(f"layers={layers!r}: cannot keep {k} layers as softmax, the model has {num_layers} "
+                         "attention layers")
+    return k
+
+
+def _as_batches(calibration: Any) -> list[dict[str, Any]]:
+    """Model-input dicts from a tensor of token ids ``[B, N]``, a dict (e.g. a tokenizer's output) or a list."""
+    if isinstance(calibration, torch.Tensor):
+        if calibration.dim() != 2 or calibration.dtype not in (torch.long, torch.int, torch.int32, torch.int64):
+            raise ValueError(f"calibration token ids must be an integer tensor [batch, tokens], got "
+                             f"{calibration.dtype} {tuple(calibration.shape)}")
+        return [{"input_ids": calibration}]
+    if isinstance(calibration, dict) or hasattr(calibration, "keys"):
+        if "input_ids" not in calibration and "inputs_embeds" not in calibration:
+            raise ValueError(f"calibration inputs need input_ids; got keys {sorted(calibration.keys())}")
+        return [dict(calibration)]
+    if isinstance(calibration, (list, tuple)) and calibration:
+        return [b for item in calibration for b in _as_batches(item)]
+    raise ValueError(
+        "layers='auto:K' needs calibration text: calibration= token ids [batch, tokens], a dict of model inputs "
+        f"(e.g. tokenizer(text, return_tensors='pt')) or a list of them; got {type(calibration).__name__}"
+    )
+
+
+@torch.no_grad()
+def transfer_errors(model: nn.Module, calibration: Any | Iterable[dict[str, Any]]) -> dict[int, float]:
+    """Per attention layer that runs a non-softmax kernel: its mean transfer loss over the calibration batches."""
+    totals: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        for batch in _as_batches(calibration):
+            inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+            inputs.update(_cheap_forward_kwargs(model))
+            with attention_transfer() as rec:
+                model(**inputs)
+                for layer, loss in zip(rec.layers, rec.losses, strict=True):
+                    totals[layer] = totals.get(layer, 0.0) + float(loss.detach())
+                    counts[layer] = counts.get(layer, 0) + 1
+    finally:
+        model.train(was_training)
+    return {layer: totals[layer] / counts[layer] for layer in sorted(totals)}
+
+
+def _cheap_forward_kwargs(model: nn.Module) -> dict[str, Any]:
+    """No cache, and one position of the LM head: only the attention layers' losses are wanted."""
+    import inspect
+
+    names = inspect.signature(type(model).forward).parameters
+    out: dict[str, Any] = {}
+    if "use_cache" in names:
+        out["use_cache"] = False
+    if "logits_to_keep" in names:
+        out["logits_to_keep"] = 1
+    return out
+
+
+def choose_softmax_layers(errors: dict[int, float], k: int) -> list[int]:
+    """The K layers with the largest errors (ties: the lower index), in index order."""
+    ranked = sorted(errors, key=lambda layer: (-errors[layer], layer))
+    return sorted(ranked[:k])
+
+
+def apply_choice(model: nn.Module, kernel: str, params: dict[str, Any], softmax_layers: list[int],
+                 record: dict[str, Any]) -> nn.Module:
+    """Keep ``softmax_layers`` as softmax and every other layer on ``kernel``; layers that keep their kernel keep
+    its (possibly trained) parameters. ``record`` goes to ``config.kernel_attention["auto"]``."""
+    from .patching import apply_config, num_attention_layers
+
+    kcfg = KernelAttentionConfig.create(kernel, {i: "softmax" for i in softmax_layers},
+                                        num_layers=num_attention_layers(model), **params)
+    kcfg.auto = record
+    return apply_config(model, kcfg)
+
+
+def auto_patch(model: nn.Module, kernel: str, k: int, calibration: Any, **params: Any) -> nn.Module:
+    """``patch(model, kernel, layers="auto:K", calibration=...)``: convert every layer, measure each layer's
+    transfer error on the calibration batches, then put the K worst layers back to softmax."""
+    from .patching import num_attention_layers, patch
+
+    batches = _as_batches(calibration)
+    num_layers = num_attention_layers(model)
+    if k > num_layers:
+        raise ValueError(f"layers='auto:{k}': the model has only {num_layers} attention layers")
+    patch(model, kernel=kernel, **params)
+    errors = transfer_errors(model, batches)
+    chosen = choose_softmax_layers(errors, k)
+    tokens = sum(int(b["input_ids"].numel()) for b in batches if "input_ids" in b)
+    record = {"keep_softmax": k, "softmax_layers": chosen, "errors": {str(i): e for i, e in errors.items()},
+              "calibration_tokens": tokens}
+    apply_choice(model, kernel, params, chosen, record)
+    logger.info("layers=auto:%d: keeping layers %s as softmax (transfer errors %s)", k, chosen,
+                {i: f"{errors[i]:.3g}" for i in chosen})
+    return model
+
+
+def recorded_choice(model: nn.Module) -> dict[str, Any] | None:
+    data = getattr(model.config, CONFIG_KEY, None) or {}
+    return data.get("auto")
