@@ -225,11 +225,11 @@ def test_plot_kernels_on_a_tiny_llama(tiny_llama, tmp_path, capsys):
     assert real["layer"] == 1 and real["head"] == 2 and real["tokens"] == 24
     assert real["augment_identity_max_abs_diff"] < 1e-4 < real["gaussian_without_augment_max_abs_diff"]
     sm = torch.tensor(real["maps"]["softmax"])
-    assert torch.allclose(sm.sum(-1), torch.ones(24), atol=1e-5) and sm.triu(1).abs().max() < 1e-6
+    assert torch.allclose(sm.sum(-1), torch.ones(24), atol=1e-3) and sm.triu(1).abs().max() < 1e-6
     assert real["untrained"]["softmax"]["mean_tv_to_softmax"] < 1e-6
     # the converted model's kernel is identity-initialised hedgehog: its map equals the untrained hedgehog's
     assert torch.allclose(torch.tensor(real["maps"]["hedgehog (converted)"]), torch.tensor(real["maps"]["hedgehog"]),
-                          atol=1e-5)
+                          atol=1e-3)
     assert "augment identity" in capsys.readouterr().out
     assert cli_main(["plot-kernels", "--model", str(tiny_llama), "--layer", "7", "--output-dir", str(out),
                      "--data-file", str(text)]) == 2

