@@ -137,11 +137,56 @@ def hybrid_attention(
     q_to_suffix = None if decay is None else _decay_table(decay, c - idx)[..., None]
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, fq, fk, s0, log_mix) if t is not None)
 
-    out = torch.empty(b, hkv, g, chunks, c, dv, dtype=q.dtype, device=q.device)
-    step = chunks if not blocked else max(1, BAND_SCORE_VALUES // (c * width))
     tiny = torch.finfo(q.dtype).tiny
+    if grad:
+        # autograd: every (batch, KV head, query head, chunk) at once; the band views are copied by the
+        # broadcasting matmuls, which is cheap at training lengths and keeps the graph small
+        k_band = kp.unfold(2, width, c)[:, :, :chunks].unsqueeze(2)  # [B, Hkv, 1, nc, D, W']
+        fk_band = fkp.unfold(2, width, c)[:, :, :chunks, :, lo:hi].unsqueeze(2)  # [B, Hkv, 1, nc, F, cols]
+        v_band = vp.unfold(2, width, c)[:, :, :chunks].transpose(-1, -2).unsqueeze(2)  # [B, Hkv, 1, nc, W', Dv+1]
+        logits = qc @ k_band  # [B, Hkv, G, nc, C, W'], s q·k
+        mask = hidden if key_mask is None else hidden | ~(kwp.unfold(1, width, c)[:, None, None, :chunks, None] > 0)
+        logits = logits.masked_fill(mask, float("-inf"))
+        top = logits.amax(-1, keepdim=True).clamp_min(0).detach()
+        far_scale = torch.exp(-top)
+        if mix is not None:
+            far_scale = far_scale * mix.view(1, hkv, g, 1, 1, 1)
+        far = fqc @ prefix_states.unsqueeze(2)
+        if q_to_prefix is not None:
+            far = far * q_to_prefix.view(1, hkv, 1, 1, c, 1)
+        if suffix_states is not None:
+            from_suffix = fqc @ suffix_states.unsqueeze(2)
+            far = far + (from_suffix if q_to_suffix is None else from_suffix * q_to_suffix.view(1, hkv, 1, 1, c, 1))
+        o = far * far_scale + torch.exp(logits - top) @ v_band
+        if hi > lo:
+            weight = band_weight.reshape(1, hkv, 1, 1, c, hi - lo)
+            o = o + ((fqc @ fk_band) * weight * far_scale) @ v_band[..., lo:hi, :]
+        out = o[..., :dv] / o[..., dv:].clamp_min(tiny)
+    else:
+        out = torch.empty(b, hkv, g, chunks, c, dv, dtype=q.dtype, device=q.device)
+        _hybrid_blocks(out, qc, fqc, kp, fkp, vp, kwp if key_mask is not None else None, prefix_states,
+                       suffix_states, hidden, band_weight, mix, q_to_prefix, q_to_suffix, lo, hi, width, c,
+                       step=chunks if not blocked else max(1, BAND_SCORE_VALUES // (c * width)))
+    res = ungroup_output(out.view(b, hkv, g, padded, dv)[:, :, :, prefix:prefix + n]).to(out_dtype)
+    if not (causal and need_state):
+        return res, None
+    keep = max(0, min(length, window - 1))
+    done = length - keep
+    new_state = state_in
+    if done > 0 or new_state is None:
+        new_state = accumulate(fk[:, :, :done] * kw[:, None, :done, None], v[:, :, :done], state_in, decay)
+    return res, new_state
+
+
+def _hybrid_blocks(out, qc, fqc, kp, fkp, vp, kwp, prefix_states, suffix_states, hidden, band_weight, mix,
+                   q_to_prefix, q_to_suffix, lo, hi, width, c, step) -> None:
+    """The no-grad evaluation of :func:`hybrid_attention`, written into ``out`` ``[B, Hkv, G, chunks, C, Dv]``:
+    per (batch, KV head) the band of every query chunk is a strided view of the padded keys (unfold with
+    step C) that batched matmuls read in place; per query head, ``step`` chunks at a time (cache-sized)."""
+    b, hkv, g, chunks, _, dv = out.shape
+    tiny = torch.finfo(out.dtype).tiny
     for bi in range(b):
-        real_band = None if key_mask is None else kwp[bi].unfold(0, width, c) > 0  # [≥chunks, W']
+        real_band = None if kwp is None else kwp[bi].unfold(0, width, c) > 0  # [≥chunks, W']
         for h in range(hkv):
             k_band = kp[bi, h].unfold(0, width, c)  # [≥chunks, D, W']: s kᵀ of each band
             fk_band = fkp[bi, h].unfold(0, width, c)[..., lo:hi]  # [≥chunks, F, cols]
@@ -152,43 +197,22 @@ def hybrid_attention(
                     rows_q, rows_f = qc[bi, h, gi, c0:c1], fqc[bi, h, gi, c0:c1]  # [nb, C, D], [nb, C, F]
                     logits = torch.bmm(rows_q, k_band[c0:c1])  # [nb, C, W'], s q·k
                     mask = hidden if real_band is None else hidden | ~real_band[c0:c1, None, :]
-                    if grad:
-                        logits = logits.masked_fill(mask, float("-inf"))
-                        top = logits.amax(-1, keepdim=True).clamp_min(0).detach()
-                        weights = torch.exp(logits - top)
-                    else:
-                        top = logits.masked_fill_(mask, float("-inf")).amax(-1, keepdim=True).clamp_min_(0)
-                        weights = logits.sub_(top).exp_()
+                    top = logits.masked_fill_(mask, float("-inf")).amax(-1, keepdim=True).clamp_min_(0)
+                    weights = logits.sub_(top).exp_()
                     far_scale = torch.exp(-top)
                     if mix is not None:
-                        far_scale = far_scale * mix[h, gi]
+                        far_scale.mul_(mix[h, gi])
                     far = torch.bmm(rows_f, prefix_states[bi, h, c0:c1])
                     if q_to_prefix is not None:
-                        far = far * q_to_prefix[h]
+                        far.mul_(q_to_prefix[h])
                     if suffix_states is not None:
                         from_suffix = torch.bmm(rows_f, suffix_states[bi, h, c0:c1])
-                        far = far + (from_suffix if q_to_suffix is None else from_suffix * q_to_suffix[h])
-                    o = far * far_scale
+                        far.add_(from_suffix if q_to_suffix is None else from_suffix.mul_(q_to_suffix[h]))
                     if hi > lo:
                         scores = torch.bmm(rows_f, fk_band[c0:c1])
-                        if grad:
-                            o = o + torch.bmm(scores * band_weight[h] * far_scale, v_band[c0:c1, lo:hi])
-                        else:
-                            weights[..., lo:hi].addcmul_(scores.mul_(far_scale), band_weight[h])
-                    o = o + torch.bmm(weights, v_band[c0:c1])
-                    if grad:
-                        out[bi, h, gi, c0:c1] = o[..., :dv] / o[..., dv:].clamp_min(tiny)
-                    else:
-                        torch.div(o[..., :dv], o[..., dv:].clamp_min_(tiny), out=out[bi, h, gi, c0:c1])
-    res = ungroup_output(out.view(b, hkv, g, padded, dv)[:, :, :, prefix:prefix + n]).to(out_dtype)
-    if not (causal and need_state):
-        return res, None
-    keep = max(0, min(length, window - 1))
-    done = length - keep
-    new_state = state_in
-    if done > 0 or new_state is None:
-        new_state = accumulate(fk[:, :, :done] * kw[:, None, :done, None], v[:, :, :done], state_in, decay)
-    return res, new_state
+                        weights[..., lo:hi].addcmul_(scores.mul_(far_scale), band_weight[h])
+                    o = torch.baddbmm(far.mul_(far_scale), weights, v_band[c0:c1])
+                    torch.div(o[..., :dv], o[..., dv:].clamp_min_(tiny), out=out[bi, h, gi, c0:c1])
 
 
 def _running(u: torch.Tensor, s0: torch.Tensor | None, decay: torch.Tensor | None, c: int,
