@@ -233,3 +233,16 @@ def test_smollm2_hedgehog_window64_generation_and_constant_cache(smollm2, smollm
             smollm2(long_ids[:, :n], cache=cache, use_cache=True)
             sizes[n] = cache.nbytes()
     assert sizes[128] == sizes[1024] > 0
+
+
+def test_window_speed_benchmark_rows_and_errors():
+    from hf_kernel_attn.speed.window_bench import window_speed
+
+    rows = window_speed(["elu"], length=96, window=8, rounds=2, heads=4, kv_heads=2, head_dim=8, threads=1)
+    assert [(r["kernel"], r["window"]) for r in rows] == [("softmax", 0), ("elu", 0), ("elu", 8)]
+    assert rows[0]["ratio_vs_sdpa"] == 1.0 and all(len(r["round_ratios"]) == 2 for r in rows)
+    assert all(r["time_s"] > 0 and r["speedup_vs_sdpa"] == pytest.approx(1 / r["ratio_vs_sdpa"]) for r in rows)
+    with pytest.raises(ValueError, match="feature-map kernels"):
+        window_speed(["gaussian"], length=32)
+    with pytest.raises(ValueError, match="window must be an integer >= 1"):
+        window_speed(["elu"], length=32, window=0)
