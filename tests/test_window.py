@@ -40,11 +40,11 @@ def make(name, window_size, hq=4, hkv=2, mix=True, chunk_size=16, dtype=torch.fl
     return kern
 
 
-def inputs(b, hq, hkv, n, m, dtype=torch.float64, seed=0):
+def inputs(b, hq, hkv, n, m, dtype=torch.float64, seed=0, dv=DV):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(b, hq, n, D, generator=gen)
     k = torch.randn(b, hkv, m, D, generator=gen)
-    v = torch.randn(b, hkv, m, DV, generator=gen)
+    v = torch.randn(b, hkv, m, dv, generator=gen)
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
@@ -61,6 +61,7 @@ def compare(kern, q, k, v, key_mask, causal, tol):
     out = kern(q, k, v, key_mask=key_mask, causal=causal, scaling=SCALING)
     want = ref.reference(kern, q, k, v, key_mask=key_mask, causal=causal, scaling=SCALING)
     rows = ref.real_queries(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
+    assert torch.isfinite(out).all()
     err = (out.to(torch.float64) - want).abs()[rows].max().item()
     assert err <= tol * max(1.0, want.abs()[rows].max().item()), err
 
@@ -69,16 +70,19 @@ def compare(kern, q, k, v, key_mask, causal, tol):
 @pytest.mark.parametrize("window_size", [1, 7, 64])
 @pytest.mark.parametrize("causal", [True, False])
 def test_against_brute_force(name, window_size, causal, monkeypatch):
-    """GQA 4/2, key padding, N = M and N < M; several chunks, and (no grad) several blocks of chunks."""
+    """GQA 4/2, with and without key padding, N = M and N < M, Dv = D and Dv ≠ D; several chunks, and
+    (no grad) several blocks of chunks."""
     monkeypatch.setattr(window, "BAND_SCORE_VALUES", 4096)  # blocks of one or two chunks
     kern = make(name, window_size)
-    for n, m in [(150, 150), (9, 90)]:
-        q, k, v = inputs(2, 4, 2, n, m)
+    for n, m, dv in [(150, 150, D), (9, 90, DV), (70, 70, DV)]:
+        q, k, v = inputs(2, 4, 2, n, m, dv=dv)
         compare(kern, q, k, v, padding(2, m, causal), causal, 1e-10)
+        compare(kern, q, k, v, None, causal, 1e-10)
     # fp32 inputs: the acceptance tolerance
     kern32 = make(name, window_size, dtype=torch.float32)
-    q, k, v = inputs(2, 4, 2, 130, 130, dtype=torch.float32, seed=1)
+    q, k, v = inputs(2, 4, 2, 130, 130, dtype=torch.float32, seed=1, dv=D)
     compare(kern32, q, k, v, padding(2, 130, causal), causal, 1e-4)
+    compare(kern32, q, k, v, None, causal, 1e-4)
 
 
 @pytest.mark.parametrize("name", FEATURE_MAPS)
