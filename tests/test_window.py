@@ -250,3 +250,21 @@ def test_window_speed_benchmark_rows_and_errors():
         window_speed(["gaussian"], length=32)
     with pytest.raises(ValueError, match="window must be an integer >= 1"):
         window_speed(["elu"], length=32, window=0)
+
+
+def test_hybrid_of_softmax_and_windowed_layers_generates_like_recomputation():
+    """A softmax layer (DynamicLayer K/V) next to a windowed one (state + window) in one cache."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    model = LlamaForCausalLM(cfg).eval()
+    hf_kernel_attn.patch(model, kernel="elu", layers={0: "softmax"}, window=5)
+    cache = RecurrentStateCache(model)
+    assert [type(layer).__name__ for layer in cache.layers] == ["DynamicLayer", "RecurrentStateLayer"]
+    ids = torch.randint(1, 97, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    cached = model.generate(ids, attention_mask=mask, **kw)
+    full = model.generate(ids, attention_mask=mask, use_cache=False, **kw)
+    assert torch.equal(cached, full)
