@@ -96,6 +96,19 @@ def test_random_mqar_answers_are_the_paired_values():
             assert targets[p] == pairs[int(ids[p])] == ids[p + 1]
 
 
+def test_shipped_settings_load_and_share_one_hyperparameter_set_per_setting():
+    names = syn.available_settings()
+    assert {"mqar-short", "mqar-long", "listops"} <= set(names)  # the names are the study's contract
+    for name in ("mqar-short", "mqar-long", "listops"):
+        st = syn.load_setting("listops" if name == "listops" else "mqar", name)
+        # kernel_params may only set the kernels' own options, never the training hyperparameters
+        assert all(set(p) <= {"length"} for p in st.kernel_params.values())
+        if st.task == "mqar":
+            rng = np.random.default_rng(0)
+            ids, targets = st.sampler()(rng)
+            assert ids.shape == (st.seq_len,) and (targets != -100).sum() == st.data["num_pairs"]
+
+
 def _tiny_setting(task="mqar", **data):
     base = {"mqar": {"seq_len": 16, "num_pairs": 2, "vocab_size": 16},
             "listops": {"min_length": 1, "max_length": 4, "max_depth": 2, "max_args": 2}}[task]
