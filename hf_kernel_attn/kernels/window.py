@@ -149,35 +149,44 @@ def hybrid_attention(
 
     tiny = torch.finfo(q.dtype).tiny
     if grad:
-        # autograd: every (batch, KV head, query head, chunk) at once; the band views are copied by the
-        # broadcasting matmuls, which is cheap at training lengths and keeps the graph small
-        k_band = kp.unfold(2, width, c)[:, :, :chunks].unsqueeze(2)  # [B, Hkv, 1, nc, D, W']
-        fk_band = fkp.unfold(2, width, c)[:, :, :chunks, :, lo:hi].unsqueeze(2)  # [B, Hkv, 1, nc, F, cols]
-        v_band = vp.unfold(2, width, c)[:, :, :chunks].transpose(-1, -2).unsqueeze(2)  # [B, Hkv, 1, nc, W', Dv+1]
-        logits = qc @ k_band  # [B, Hkv, G, nc, C, W'], s q·k
-        mask = hidden if key_mask is None else hidden | ~(kwp.unfold(1, width, c)[:, None, None, :chunks, None] > 0)
+        # autograd: every (batch, KV head, chunk) at once, the G query heads of a KV head stacked as the rows
+        # of its chunk (so no operand is broadcast over G and the backward has no G-sums); the band views
+        # are materialised by the matmuls, which is cheap at training lengths
+        def rows(x: torch.Tensor) -> torch.Tensor:  # [B, Hkv, G, nc, C, ·] -> [B, Hkv, nc, G·C, ·]
+            return x.transpose(2, 3).reshape(b, hkv, chunks, g * c, x.shape[-1])
+
+        def per_row(t: torch.Tensor) -> torch.Tensor:  # [Hkv, C, ·] -> [1, Hkv, 1, G·C, ·]
+            return t.repeat(1, g, 1).unsqueeze(1).unsqueeze(0)
+
+        q_rows, f_rows = rows(qc), rows(fqc)
+        k_band = kp.unfold(2, width, c)[:, :, :chunks]  # [B, Hkv, nc, D, W']
+        fk_band = fkp.unfold(2, width, c)[:, :, :chunks, :, lo:hi]  # [B, Hkv, nc, F, cols]
+        v_band = vp.unfold(2, width, c)[:, :, :chunks].transpose(-1, -2)  # [B, Hkv, nc, W', Dv + 1]
+        logits = q_rows @ k_band  # [B, Hkv, nc, G·C, W'], s q·k
+        mask = hidden.repeat(g, 1)
+        if key_mask is not None:
+            mask = mask | ~(kwp.unfold(1, width, c)[:, None, :chunks, None] > 0)
         logits = logits.masked_fill(mask, float("-inf"))
         top = logits.amax(-1, keepdim=True).clamp_min(0).detach()
         far_scale = torch.exp(-top)
         if mix is not None:
-            far_scale = far_scale * mix.view(1, hkv, g, 1, 1, 1)
-        far = fqc @ prefix_states.unsqueeze(2)
+            far_scale = far_scale * mix.repeat_interleave(c, 1).view(1, hkv, 1, g * c, 1)
+        far = f_rows @ prefix_states
         if q_to_prefix is not None:
-            far = far * q_to_prefix.view(1, hkv, 1, 1, c, 1)
+            far = far * per_row(q_to_prefix)
         if suffix_states is not None:
-            from_suffix = fqc @ suffix_states.unsqueeze(2)
-            far = far + (from_suffix if q_to_suffix is None else from_suffix * q_to_suffix.view(1, hkv, 1, 1, c, 1))
+            from_suffix = f_rows @ suffix_states
+            far = far + (from_suffix if q_to_suffix is None else from_suffix * per_row(q_to_suffix))
         o = far * far_scale + torch.exp(logits - top) @ v_band
         if hi > lo:
-            weight = band_weight.reshape(1, hkv, 1, 1, c, hi - lo)
-            o = o + ((fqc @ fk_band) * weight * far_scale) @ v_band[..., lo:hi, :]
-        out = o[..., :dv] / o[..., dv:].clamp_min(tiny)
+            o = o + ((f_rows @ fk_band) * per_row(band_weight) * far_scale) @ v_band[..., lo:hi, :]
+        out = (o[..., :dv] / o[..., dv:].clamp_min(tiny)).view(b, hkv, chunks, g, c, dv).transpose(2, 3)
     else:
         out = torch.empty(b, hkv, g, chunks, c, dv, dtype=q.dtype, device=q.device)
         _hybrid_blocks(out, qc, fqc, kp, fkp, vp, kwp if key_mask is not None else None, prefix_states,
                        suffix_states, hidden, band_weight, mix, q_to_prefix, q_to_suffix, lo, hi, width, c,
                        step=chunks if not blocked else max(1, BAND_SCORE_VALUES // (c * width)))
-    res = ungroup_output(out.view(b, hkv, g, padded, dv)[:, :, :, prefix:prefix + n]).to(out_dtype)
+    res = ungroup_output(out.reshape(b, hkv, g, padded, dv)[:, :, :, prefix:prefix + n]).to(out_dtype)
     if not (causal and need_state):
         return res, None
     keep = max(0, min(length, window - 1))
