@@ -186,7 +186,8 @@ def hybrid_attention(
         _hybrid_blocks(out, qc, fqc, kp, fkp, vp, kwp if key_mask is not None else None, prefix_states,
                        suffix_states, hidden, band_weight, mix, q_to_prefix, q_to_suffix, lo, hi, width, c,
                        step=chunks if not blocked else max(1, BAND_SCORE_VALUES // (c * width)))
-    res = ungroup_output(out.reshape(b, hkv, g, padded, dv)[:, :, :, prefix:prefix + n]).to(out_dtype)
+    res = ungroup_output(out.reshape(b, hkv, g, padded, dv)[:, :, :, prefix:prefix + n])
+    res = res.to(out_dtype)
     if not (causal and need_state):
         return res, None
     keep = max(0, min(length, window - 1))
@@ -239,6 +240,17 @@ def _running(u: torch.Tensor, s0: torch.Tensor | None, decay: torch.Tensor | Non
     """Exclusive running sums over the chunks (dim 2; dim 1 is the KV head): out[0] = s0 (or 0),
     out[x] = γ^C (out[x - 1] + u[x - 1]). With ``first_carry`` the sums are inclusive and decayed once more:
     out[x] = γ^C (out[x - 1] + u[x]), out[-1] = 0 (the suffix states, from chunk sums two chunks away)."""
+    if decay is None and not torch.is_grad_enabled():
+        # a loop of adds into one buffer: 2-3x faster than cumsum along a middle dimension on CPU
+        out = torch.empty_like(u)
+        acc = torch.zeros_like(u[:, :, 0]) if s0 is None or first_carry else s0.clone()
+        for i in range(u.shape[2]):
+            if first_carry:
+                acc.add_(u[:, :, i])
+            out[:, :, i] = acc
+            if not first_carry:
+                acc.add_(u[:, :, i])
+        return out
     if decay is None:
         if first_carry:
             return u.cumsum(2)
