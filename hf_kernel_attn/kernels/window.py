@@ -7,10 +7,10 @@ one shared normaliser (LoLCATs, Zhang et al. ICLR 2025; Based, Arora et al. ICML
 with win(i) = {j : i - W < j ≤ i} (causal) or {j : |i - j| < W} (bidirectional), w_ij the kernel's decay
 (DiJiang: γ^|i-j|, else 1) and λ_h = exp(θ_h) an optional learnable per-head factor (1 otherwise).
 
-Evaluation: positions are cut into chunks of C ≥ W. A query in chunk c sees its window and the
-feature-map keys closest to it among chunks c-1, c (and c+1 bidirectionally), scored explicitly (an
-N × 2C or N × 3C band); every key further away is out of the window and enters through a running state
-Σ φ(k)[v, 1]ᵀ of whole chunks. Cost O(N·C·(D + F) + N·F·Dv); nothing N × N is built.
+Evaluation: positions are cut into chunks of C; with L = ⌈W/C⌉, a query in chunk c has its window and
+the feature-map keys closest to it among chunks c-L … c (… c+L bidirectionally), scored explicitly (a band
+of (L+1)·C or (2L+1)·C keys per query); every key further away is out of the window and enters through a
+running state Σ φ(k)[v, 1]ᵀ of whole chunks. Cost O(N·(W + C)·(D + F) + N·F·Dv); nothing N × N is built.
 Numerics: both sums are multiplied by e^{-m_i}, m_i = max(0, max_{j∈win(i)} s q_i·k_j), which cancels
 exactly and keeps e^{s q·k - m} ≤ 1 and e^{-m} ≤ 1 in fp32.
 """
