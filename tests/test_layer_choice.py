@@ -92,8 +92,8 @@ def test_choose_breaks_ties_by_index():
 
 
 @pytest.mark.parametrize("layers, message", [
-    ("auto", "must be 'auto:K'"), ("auto:x", "must be 'auto:K'"), ("auto:-1", "must be 'auto:K'"),
-    ("first:2", "must be 'auto:K'"), ("auto:9", "cannot keep 9 layers"),
+    ("auto", "or 'auto:K'"), ("auto:x", "or 'auto:K'"), ("auto:-1", "or 'auto:K'"),
+    ("first:2", "or 'auto:K'"), ("auto:9", "cannot keep 9 layers"),
 ])
 def test_bad_auto_strings(layers, message):
     with pytest.raises(ValueError, match=message):

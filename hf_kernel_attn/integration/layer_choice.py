@@ -29,8 +29,8 @@ def parse_auto(layers: Any, num_layers: int | None = None) -> int | None:
         return None
     count = layers[len(AUTO_PREFIX):] if layers.startswith(AUTO_PREFIX) else None
     if count is None or not count.isdigit():
-        raise ValueError(f"layers={layers!r}: layers must be 'auto:K' when a string (K = how many layers stay "
-                         "softmax, an integer >= 0), or None, a list of layer indices or a dict {index: kernel}")
+        raise ValueError("layers must be None, a list of layer indices, a dict {index: kernel} or 'auto:K' (K = how "
+                         f"many layers stay softmax, an integer >= 0), got {layers!r}")
     k = int(count)
     if num_layers is not None and k > num_layers:
         raise ValueError(f"layers={layers!r}: cannot keep {k} layers as softmax, the model has {num_layers} "
