@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, os.path.dirname(__file__))
 
 import reference as ref  # noqa: E402
+from test_kernels import make_mask  # noqa: E402
 
 import hf_kernel_attn  # noqa: E402
 from hf_kernel_attn.integration.cache import RecurrentStateCache, RecurrentStateLayer  # noqa: E402
@@ -48,13 +49,8 @@ def inputs(b, hq, hkv, n, m, dtype=torch.float64, seed=0, dv=DV):
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
-def padding(b, m, causal, pad=5):
-    mask = torch.ones(b, m, dtype=torch.bool)
-    if causal:
-        mask[1, :pad] = False
-    else:
-        mask[1, m - pad:] = False
-    return mask
+def padding(b, m, causal):
+    return make_mask(b, m, causal, pad=5)
 
 
 def compare(kern, q, k, v, key_mask, causal, tol):

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import CONFIG_KEY, KernelAttentionConfig
+from ..config import KernelAttentionConfig
 from .transfer import attention_transfer
 
 logger = logging.getLogger("hf_kernel_attn")
@@ -110,27 +110,25 @@ def apply_choice(model: nn.Module, kernel: str, params: dict[str, Any], softmax_
     return apply_config(model, kcfg)
 
 
+def measure_choice(model: nn.Module, k: int, calibration: Any) -> dict[str, Any]:
+    """The record of an automatic choice on a model whose layers all run their kernel: every layer's transfer
+    error on the calibration batches, and the K largest kept as softmax."""
+    batches = _as_batches(calibration)
+    errors = transfer_errors(model, batches)
+    return {"keep_softmax": k, "softmax_layers": choose_softmax_layers(errors, k),
+            "errors": {str(i): e for i, e in errors.items()},
+            "calibration_tokens": sum(int(b["input_ids"].numel()) for b in batches if "input_ids" in b)}
+
+
 def auto_patch(model: nn.Module, kernel: str, k: int, calibration: Any, **params: Any) -> nn.Module:
     """``patch(model, kernel, layers="auto:K", calibration=...)``: convert every layer, measure each layer's
     transfer error on the calibration batches, then put the K worst layers back to softmax."""
-    from .patching import num_attention_layers, patch
+    from .patching import patch
 
-    batches = _as_batches(calibration)
-    num_layers = num_attention_layers(model)
-    if k > num_layers:
-        raise ValueError(f"layers='auto:{k}': the model has only {num_layers} attention layers")
+    _as_batches(calibration)  # a bad calibration fails before the model is touched
     patch(model, kernel=kernel, **params)
-    errors = transfer_errors(model, batches)
-    chosen = choose_softmax_layers(errors, k)
-    tokens = sum(int(b["input_ids"].numel()) for b in batches if "input_ids" in b)
-    record = {"keep_softmax": k, "softmax_layers": chosen, "errors": {str(i): e for i, e in errors.items()},
-              "calibration_tokens": tokens}
-    apply_choice(model, kernel, params, chosen, record)
-    logger.info("layers=auto:%d: keeping layers %s as softmax (transfer errors %s)", k, chosen,
-                {i: f"{errors[i]:.3g}" for i in chosen})
+    record = measure_choice(model, k, calibration)
+    apply_choice(model, kernel, params, record["softmax_layers"], record)
+    logger.info("layers=auto:%d: keeping layers %s as softmax (transfer errors %s)", k, record["softmax_layers"],
+                {i: f"{record['errors'][str(i)]:.3g}" for i in record["softmax_layers"]})
     return model
-
-
-def recorded_choice(model: nn.Module) -> dict[str, Any] | None:
-    data = getattr(model.config, CONFIG_KEY, None) or {}
-    return data.get("auto")

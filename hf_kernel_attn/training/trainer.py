@@ -301,19 +301,14 @@ class Trainer:
         parameters). The choice is written to auto_layers.json and reused on resume."""
         if self.auto_keep is None or self._auto_applied:
             return
-        from ..integration.layer_choice import apply_choice, choose_softmax_layers, transfer_errors
+        from ..integration.layer_choice import apply_choice, measure_choice
 
         cfg = self.config
         path = self.out / AUTO_LAYERS_FILE
         if path.exists():
             record = json.loads(path.read_text())
         else:
-            batches = self._calibration_batches()
-            errors = transfer_errors(self.model, batches)
-            chosen = choose_softmax_layers(errors, self.auto_keep)
-            record = {"keep_softmax": self.auto_keep, "softmax_layers": chosen,
-                      "errors": {str(i): e for i, e in errors.items()},
-                      "calibration_tokens": sum(int(b["input_ids"].numel()) for b in batches)}
+            record = measure_choice(self.model, self.auto_keep, self._calibration_batches())
             if self.main:
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(record, indent=2) + "\n")
