@@ -7,6 +7,8 @@ import json
 import sys
 import time
 
+from hf_kernel_attn.evaluation.long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
+
 
 def _cmd_list(args: argparse.Namespace) -> int:
     import hf_kernel_attn
@@ -133,8 +135,29 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     layers = json.loads(args.layers) if args.layers else None
     spec = ModelSpec(args.model, args.gguf_file, args.kernel, layers, _parse_params(args.param))
     records = run_eval(spec, args.tasks, data_dir=args.data_dir, split=args.split, limit=args.limit,
-                       batch_size=args.batch_size, context=args.context, stride=args.stride, output=args.output)
+                       batch_size=args.batch_size, context=args.context, stride=args.stride, output=args.output,
+                       lengths=args.lengths, depths=args.depths, samples=args.samples, seed=args.seed,
+                       plot_dir=args.plot_dir)
     print(summary_table(records))
+    return 0
+
+
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    import torch
+
+    from hf_kernel_attn.evaluation.diagnose import diagnose, format_report
+    from hf_kernel_attn.evaluation.perplexity import read_text
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    text = read_text(args.data_file)
+    model, tok = _load_causal_lm(args.model, args.gguf_file)
+    res = diagnose(model, tok, text, tokens=args.tokens, blocks=args.blocks)
+    res["model"] = args.model
+    print(format_report(res))
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(res, f, indent=1)
     return 0
 
 
@@ -236,16 +259,35 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--param", action="append", help="kernel option KEY=VALUE (JSON value), repeatable")
     ev.add_argument("--tasks", nargs="+", required=True,
                     help="wikitext2 ptb tinyshakespeare | lambada_openai arc_easy arc_challenge piqa boolq copa "
-                         "openbookqa (through lm-eval) | sst2 mrpc rte cola stsb | stsb_embedding")
+                         "openbookqa (through lm-eval) | sst2 mrpc rte cola stsb | stsb_embedding | "
+                         "passkey niah kv_recall position_loss (long context)")
     ev.add_argument("--data-dir", default=None, help="local data laid out as in EVAL_SPLITS.md (default: the hub)")
     ev.add_argument("--split", default="validation", choices=["validation", "test"])
     ev.add_argument("--limit", type=int, default=None, help="first N examples (perplexity: first N windows)")
     ev.add_argument("--batch-size", type=int, default=1)
     ev.add_argument("--context", type=int, default=1024, help="perplexity window length in tokens")
     ev.add_argument("--stride", type=int, default=None, help="perplexity window stride (default: --context)")
+    ev.add_argument("--lengths", nargs="+", type=int, default=list(DEFAULT_LENGTHS),
+                    help="long-context tasks: prompt lengths in tokens (position_loss: the bucket edges)")
+    ev.add_argument("--depths", nargs="+", type=float, default=list(DEFAULT_DEPTHS),
+                    help="long-context tasks: needle depths, percent of the context before the needle")
+    ev.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="long-context tasks: prompts per cell")
+    ev.add_argument("--seed", type=int, default=0, help="long-context tasks: the seed of keys, needles and offsets")
+    ev.add_argument("--plot-dir", default=None,
+                    help="long-context tasks: write the accuracy heat maps and loss-vs-position curves here")
     ev.add_argument("--threads", type=int, default=None)
     ev.add_argument("--output", default=None, help="append one JSON line per result here")
     ev.set_defaults(func=_cmd_eval)
+    dg = sub.add_parser("diagnose", help="sliding-window hybrids: the linear branch's share of the normaliser per "
+                                         "layer, and the loss with that branch zeroed vs the window-only model")
+    dg.add_argument("--model", required=True, help="a saved (converted) hybrid model folder or hub id")
+    dg.add_argument("--gguf-file", default=None)
+    dg.add_argument("--data-file", required=True, help="real text, e.g. WikiText-2 wiki.valid.raw")
+    dg.add_argument("--tokens", type=int, default=2048, help="tokens per block")
+    dg.add_argument("--blocks", type=int, default=2, help="blocks of text (the first ones of the file)")
+    dg.add_argument("--threads", type=int, default=None)
+    dg.add_argument("--output", default=None, help="write the report as JSON here")
+    dg.set_defaults(func=_cmd_diagnose)
     lb = sub.add_parser("leaderboard", help="models x kernels x tasks sweep -> leaderboard.md/.csv and plots")
     lb.add_argument("config", help="leaderboard YAML (see configs/leaderboard/)")
     lb.add_argument("--data-dir", default=None, help="local data (default: the config's, else ../shared/data)")

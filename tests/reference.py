@@ -58,6 +58,30 @@ def visible(batch: int, n: int, m: int, causal: bool, key_mask: torch.Tensor | N
     return vis
 
 
+def window_sink_visible(batch: int, n: int, m: int, causal: bool, key_mask: torch.Tensor | None, window: int,
+                        sinks: int) -> torch.Tensor:
+    """Bool ``[B, 1, N, M]`` of the sliding-window softmax with attention sinks, entry by entry: query i at
+    position p = M - N + i sees real key j iff j <= p (causal) and p - j < W (|p - j| < W bidirectionally),
+    or j is one of the first ``sinks`` real keys of its row (and j <= p when causal). window = 0: no window."""
+    vis = torch.zeros(batch, 1, n, m, dtype=torch.bool)
+    for b in range(batch):
+        real = [True] * m if key_mask is None else [bool(x) for x in key_mask[b]]
+        sink_keys, count = set(), 0
+        for j in range(m):
+            if real[j] and count < sinks:
+                sink_keys.add(j)
+                count += 1
+        for i in range(n):
+            p = m - n + i
+            for j in range(m):
+                if not real[j] or (causal and j > p):
+                    continue
+                near = (p - j < window) if causal else (abs(p - j) < window)
+                if window == 0 or near or j in sink_keys:
+                    vis[b, 0, i, j] = True
+    return vis
+
+
 def real_queries(batch: int, n: int, m: int, causal: bool, key_mask: torch.Tensor | None) -> torch.Tensor:
     """Bool ``[B, N]``: query rows that are real tokens and see at least one key (the rows to check)."""
     vis = visible(batch, n, m, causal, key_mask)[:, 0].any(-1)
@@ -101,11 +125,16 @@ def _scale(q, scaling):
 
 
 def softmax_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
-    """softmax_j(s q_i·k_j) v."""
+    """softmax_j(s q_i·k_j) v; over :func:`window_sink_visible` for a softmax kernel with ``window`` > 0."""
     s = _scale(q, scaling)
     qd, kd, vd = _inputs(q, k, v)
     logits = s * torch.einsum("bhnd,bhmd->bhnm", qd, kd)
-    vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
+    opts = getattr(kern, "options", None) if getattr(kern, "name", None) == "softmax" else None
+    window, sinks = getattr(opts, "window", 0), getattr(opts, "sinks", 0)
+    if window:
+        vis = window_sink_visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask, window, sinks)
+    else:
+        vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
     return softmax_from_logits(logits, vd, vis)
 
 

@@ -12,10 +12,13 @@ from typing import Any
 
 import torch
 
+from .long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
 from .tasks import (
     EMBEDDING_TASKS,
     GLUE_EVAL_TASKS,
     LM_EVAL_TASKS,
+    LONG_CONTEXT_TASKS,
+    NATURAL_TEXT_TASKS,
     TEXT_TASKS,
     check_data_files,
     check_split,
@@ -25,7 +28,8 @@ from .tasks import (
     read_text_task,
 )
 
-RECORD_KEYS = ("model", "kernel", "layers", "task", "split", "metric", "value", "stderr", "n", "seconds")
+RECORD_KEYS = ("model", "kernel", "params", "layers", "task", "split", "metric", "value", "stderr", "n", "seconds")
+LONG_CONTEXT_KEYS = ("length", "depth")  # added to the records of long-context tasks
 _CLASSES = {"causal_lm": "AutoModelForCausalLM", "sequence_classification": "AutoModelForSequenceClassification",
             "embedding": "AutoModel"}
 
@@ -67,6 +71,12 @@ class ModelSpec:
         cfg = hf_kernel_attn.kernel_config(model)
         return cfg.kernel if cfg else "softmax"
 
+    def params_repr(self, model) -> dict[str, Any]:
+        import hf_kernel_attn
+
+        cfg = hf_kernel_attn.kernel_config(model)
+        return dict(cfg.params) if cfg else {}
+
     def layers_repr(self, model) -> Any:
         import hf_kernel_attn
 
@@ -88,9 +98,9 @@ def check_model_path(model: str) -> None:
 
 def _record(spec: ModelSpec, model, task: str, split: str, metric: str, value: float, stderr: float | None,
             n: int, seconds: float) -> dict[str, Any]:
-    return {"model": spec.model, "kernel": spec.kernel_name(model), "layers": spec.layers_repr(model),
-            "task": task, "split": split, "metric": metric, "value": value, "stderr": stderr, "n": n,
-            "seconds": round(seconds, 2)}
+    return {"model": spec.model, "kernel": spec.kernel_name(model), "params": spec.params_repr(model),
+            "layers": spec.layers_repr(model), "task": task, "split": split, "metric": metric, "value": value,
+            "stderr": stderr, "n": n, "seconds": round(seconds, 2)}
 
 
 def _perplexity_task(spec, model, tok, task, split, data_dir, limit, batch_size, context, stride):
@@ -155,6 +165,28 @@ def _embedding_task(spec, model, tok, task, split, data_dir, limit, batch_size):
     return [_record(spec, model, task, split, "spearman", 100 * spear, None, len(rows), secs)]
 
 
+def _long_context_task(spec, model, tok, task, split, data_dir, lengths, depths, samples, seed):
+    from .long_context.runner import read_filler_text, run_long_context
+
+    text = read_filler_text(data_dir, split) if task in NATURAL_TEXT_TASKS else None
+
+    def progress(task, metric, length, depth, scores, secs):
+        print(f"{task} {metric} length {length} depth {depth}: "
+              + ", ".join(f"{k} {100 * sum(v) / len(v):.0f}%" for k, v in scores.items()) + f" ({secs:.1f} s)",
+              flush=True)
+
+    cells = run_long_context(model, tok, task, lengths=lengths, depths=depths, samples=samples, seed=seed, text=text,
+                             progress=progress)
+    out = []
+    for c in cells:
+        rec = _record(spec, model, task, split, c["metric"], c["value"], c["stderr"], c["n"], c["seconds"])
+        rec.update(length=c["length"], depth=c["depth"], seed=seed)
+        if "position_start" in c:
+            rec["position_start"] = c["position_start"]
+        out.append(rec)
+    return out
+
+
 def check_local_data(tasks: list[str], split: str, data_dir: str | os.PathLike) -> None:
     """Before any model loads: every task's local files exist (the error lists the expected files) and
     parse (binary, non-UTF-8 or empty files and missing columns raise, naming the file)."""
@@ -162,6 +194,9 @@ def check_local_data(tasks: list[str], split: str, data_dir: str | os.PathLike) 
     for task in tasks:
         if task in TEXT_TASKS:
             read_text_task(task, split, data_dir)
+        elif task in LONG_CONTEXT_TASKS:
+            if task in NATURAL_TEXT_TASKS:
+                read_text_task("wikitext2", split, data_dir)
         elif task in LM_EVAL_TASKS:
             from .lm_eval_tasks import local_rows
 
@@ -176,9 +211,18 @@ def check_local_data(tasks: list[str], split: str, data_dir: str | os.PathLike) 
 
 def run_eval(spec: ModelSpec, tasks: list[str], *, data_dir: str | os.PathLike | None = None,
              split: str = "validation", limit: int | None = None, batch_size: int = 1, context: int = 1024,
-             stride: int | None = None, output: str | os.PathLike | None = None) -> list[dict[str, Any]]:
-    """Run ``tasks`` on the model of ``spec``; append each record to ``output`` (JSONL) as it finishes."""
+             stride: int | None = None, output: str | os.PathLike | None = None,
+             lengths: list[int] | tuple[int, ...] = DEFAULT_LENGTHS,
+             depths: list[float] | tuple[float, ...] = DEFAULT_DEPTHS, samples: int = DEFAULT_SAMPLES,
+             seed: int = 0, plot_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+    """Run ``tasks`` on the model of ``spec``; append each record to ``output`` (JSONL) as it finishes.
+    Long-context tasks run every (length, depth) cell of ``lengths`` × ``depths`` with ``samples`` prompts,
+    deterministic for ``seed``; ``plot_dir`` gets their heat maps and loss curves."""
     check_tasks(tasks)
+    if any(t in LONG_CONTEXT_TASKS for t in tasks):
+        from .long_context.runner import check_long_context_args
+
+        check_long_context_args(list(lengths), list(depths), samples, seed)
     check_split(split)
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be >= 1, got {limit}")
@@ -200,6 +244,8 @@ def run_eval(spec: ModelSpec, tasks: list[str], *, data_dir: str | os.PathLike |
             new = _glue_task(spec, model, tok, task, split, data_dir, limit, max(batch_size, 16))
         elif task in EMBEDDING_TASKS:
             new = _embedding_task(spec, model, tok, task, split, data_dir, limit, max(batch_size, 32))
+        elif task in LONG_CONTEXT_TASKS:
+            new = _long_context_task(spec, model, tok, task, split, data_dir, lengths, depths, samples, seed)
         else:
             assert task in LM_EVAL_TASKS
             from .lm_eval_tasks import run_lm_eval_tasks
@@ -212,13 +258,20 @@ def run_eval(spec: ModelSpec, tasks: list[str], *, data_dir: str | os.PathLike |
             with open(output, "a") as f:
                 for r in new:
                     f.write(json.dumps(r) + "\n")
+    if plot_dir is not None and any(r["task"] in LONG_CONTEXT_TASKS for r in records):
+        from .long_context.plots import plot_long_context
+
+        plot_long_context(records, plot_dir)
     return records
 
 
 def summary_table(records: list[dict[str, Any]]) -> str:
-    lines = [f"{'task':16s} {'split':10s} {'kernel':10s} {'metric':22s} {'value':>10s} {'stderr':>8s} {'n':>7s}"]
+    lines = [f"{'task':16s} {'split':10s} {'kernel':10s} {'metric':22s} {'length':>6s} {'depth':>5s} {'value':>10s} "
+             f"{'stderr':>8s} {'n':>7s}"]
     for r in records:
         se = "" if r["stderr"] is None else f"{r['stderr']:.4g}"
-        lines.append(f"{r['task']:16s} {r['split']:10s} {r['kernel']:10s} {r['metric']:22s} {r['value']:10.4f} "
-                     f"{se:>8s} {r['n']:7d}")
+        length = "" if r.get("length") is None else str(r["length"])
+        depth = "" if r.get("depth") is None else f"{r['depth']:g}"
+        lines.append(f"{r['task']:16s} {r['split']:10s} {r['kernel']:10s} {r['metric']:22s} {length:>6s} {depth:>5s} "
+                     f"{r['value']:10.4f} {se:>8s} {r['n']:7d}")
     return "\n".join(lines)

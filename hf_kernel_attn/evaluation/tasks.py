@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .long_context import TASKS as LONG_TASKS
+
 SPLITS = ("validation", "test")
 TINYSHAKESPEARE_HOLDOUT = 0.05  # `validation` = the last 5% of train.txt (what `finetune` holds out)
 
@@ -41,7 +43,10 @@ TEXT_TASKS: dict[str, TextTask] = {
 GLUE_EVAL_TASKS = ("sst2", "mrpc", "rte", "cola", "stsb")
 EMBEDDING_TASKS = ("stsb_embedding",)
 LM_EVAL_TASKS = ("lambada_openai", "arc_easy", "arc_challenge", "piqa", "boolq", "copa", "openbookqa")
-ALL_TASKS = (*TEXT_TASKS, *LM_EVAL_TASKS, *GLUE_EVAL_TASKS, *EMBEDDING_TASKS)
+# long-context tasks (evaluation/long_context): one record per (metric, length, depth) cell
+LONG_CONTEXT_TASKS = tuple(LONG_TASKS)
+NATURAL_TEXT_TASKS = tuple(name for name, t in LONG_TASKS.items() if t.needs_text)  # read wikitext2's file
+ALL_TASKS = (*TEXT_TASKS, *LM_EVAL_TASKS, *GLUE_EVAL_TASKS, *EMBEDDING_TASKS, *LONG_CONTEXT_TASKS)
 
 
 def check_tasks(tasks: list[str]) -> None:
@@ -57,7 +62,7 @@ def check_split(split: str) -> None:
 
 def model_kind(task: str) -> str:
     """Which model head a task needs: causal_lm, sequence_classification or embedding."""
-    if task in TEXT_TASKS or task in LM_EVAL_TASKS:
+    if task in TEXT_TASKS or task in LM_EVAL_TASKS or task in LONG_CONTEXT_TASKS:
         return "causal_lm"
     if task in GLUE_EVAL_TASKS:
         return "sequence_classification"
@@ -97,6 +102,8 @@ def expected_files(task: str, split: str) -> list[str]:
     check_split(split)
     if task in TEXT_TASKS:
         return [TEXT_TASKS[task].files[split]]
+    if task in LONG_CONTEXT_TASKS:
+        return [TEXT_TASKS["wikitext2"].files[split]] if task in NATURAL_TEXT_TASKS else []
     if task in LM_EVAL_TASKS:
         from .lm_eval_tasks import _LOCAL
 

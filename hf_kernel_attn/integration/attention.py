@@ -3,7 +3,10 @@
 ``attention_forward`` has transformers' attention-function signature (see
 ``transformers/integrations/sdpa_attention.py``): it finds the kernel attached to the calling
 attention module (``module.kernel_attn``), turns transformers' arguments into the kernel contract
-(2-D key-padding mask, causal flag, scaling) and returns ``([B, N, Hq, Dv], None)``.
+(2-D key-padding mask, causal flag, scaling) and returns ``([B, N, Hq, Dv], None)``. Under a
+``RecurrentStateCache`` the cache layer's ``update`` puts itself into the module kwargs: ``linear_state``
+(linear kernels: :meth:`RecurrentStateLayer.attend`) or ``window_cache`` (softmax with a window:
+:meth:`WindowKVLayer.attend`, given the raw 2-D mask over past + new tokens); the layer then runs the kernel.
 """
 
 from __future__ import annotations
@@ -103,6 +106,12 @@ def attention_forward(
     state_layer = kwargs.get("linear_state")
     if state_layer is not None and kernel.is_linear:
         return state_layer.attend(kernel, query, key, value, key_mask=key_mask, causal=causal, scaling=scaling), None
+    window_layer = kwargs.get("window_cache")
+    if window_layer is not None:
+        # a windowed-softmax cache layer (cache.WindowKVLayer): key/value are the new chunk only; the layer adds
+        # its sinks and recent keys and reads the new tokens' padding from the raw 2-D mask
+        return window_layer.attend(kernel, query, key, value, attention_mask=attention_mask, causal=causal,
+                                   scaling=scaling, dropout=dropout), None
     return kernel(query, key, value, key_mask=key_mask, causal=causal, scaling=scaling, dropout=dropout), None
 
 

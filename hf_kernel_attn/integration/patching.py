@@ -252,8 +252,9 @@ def install_hooks() -> None:
       parameters raises (:func:`check_loaded_kernels`);
     * ``save_pretrained`` — GGUF models get a conversion hint; kernel models are marked in config.json so
       that loading them without ``import hf_kernel_attn`` fails loudly instead of running softmax;
-    * ``GenerationMixin._prepare_cache_for_generation`` — a model with linear kernels decodes with a
-      :class:`~.cache.RecurrentStateCache` unless the caller passed a cache.
+    * ``GenerationMixin._prepare_cache_for_generation`` — a model with linear kernels or windowed softmax
+      (``window`` > 0) decodes with a :class:`~.cache.RecurrentStateCache` (recurrent states, bounded sink +
+      window K/V, a DynamicLayer for every other layer) unless the caller passed a cache.
     """
     global _HOOKS_INSTALLED
     if _HOOKS_INSTALLED:

@@ -57,6 +57,9 @@ class LinearKernel(Kernel):
 
     is_linear: ClassVar[bool] = True
     options_cls = LinearOptions
+    # a diagnostic switch, not an option (never saved): True drops the feature-map part of a windowed hybrid,
+    # leaving softmax over the window alone (integration/branches.py)
+    linear_branch_off: bool = False
 
     def __init__(self, shape: LayerShape, options: LinearOptions) -> None:
         super().__init__(shape, options)
@@ -151,15 +154,25 @@ class LinearKernel(Kernel):
         """The sliding-window hybrid (:func:`.window.hybrid_attention`); the state (causal) holds the keys
         before ``k``, and the one returned holds every key but the last W - 1."""
         fq, fk = self.features(q, k, scaling, offset)
-        log_mix = getattr(self, "window_log_mix", None)
-        if log_mix is not None:
-            log_mix = log_mix.view(k.shape[1], -1)
+        log_mix = self.branch_log_mix(k.shape[1], k.device)
         return hybrid_attention(
             group_queries(q, k.shape[1]), k, v, fq, fk, window=self.window, scaling=scaling, causal=causal,
             key_mask=key_mask, state=state, log_decay=self.log_decay(), log_mix=log_mix,
             chunk_size=self.options.chunk_size, need_state=need_state and causal,
             blocked=not self._needs_grad(q, k, v, state),
         )
+
+    def branch_log_mix(self, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
+        """ln λ ``[Hkv, G]`` of the windowed hybrid's feature-map part: the learnable factor (``window_mix``),
+        -inf everywhere while :attr:`linear_branch_off` is set (the window alone), else None (λ = 1)."""
+        log_mix = getattr(self, "window_log_mix", None)
+        if log_mix is not None:
+            log_mix = log_mix.view(num_kv_heads, -1)
+        if self.linear_branch_off:
+            shape = (num_kv_heads, self.shape.num_heads // num_kv_heads)
+            off = torch.full(shape, float("-inf"), device=device)
+            log_mix = off if log_mix is None else log_mix + off
+        return log_mix
 
     def closed_form(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> linear.ClosedForm | None:
         """φ(q)·φ(k) as a function of cheaper vectors (``[B, Hq, N, d]`` / ``[B, Hkv, N, d]``), if the kernel

@@ -2,6 +2,19 @@
 
 This is the reference every other kernel is compared to (Vaswani et al., 2017); it runs through
 torch's fused ``scaled_dot_product_attention`` (SDPA) without repeating K/V for GQA.
+
+Options ``window`` / ``sinks`` restrict it to a sliding window plus attention sinks:
+
+    out_i = Σ_{j∈vis(i)} e^{s q_i·k_j} v_j / Σ_{j∈vis(i)} e^{s q_i·k_j},
+    vis(i) = {j real : p_i - W < j ≤ p_i} ∪ {j ∈ sinks : j ≤ p_i}          (causal)
+    vis(i) = {j real : |p_i - j| < W} ∪ sinks                                 (bidirectional)
+
+with p_i = i + M - N (bottom-right alignment, the same window as the feature-map hybrid in ``window.py``)
+and ``sinks`` the first S real (``key_mask`` True) keys of each row (StreamingLLM: Xiao et al., ICLR 2024,
+"Efficient Streaming Language Models with Attention Sinks"). Positions are not re-indexed: the model's
+own (RoPE) positions stay as they are; the window only decides which keys are visible. Queries are cut into
+chunks of C; a chunk attends to its band of keys [start - W + 1, end] (… end + W - 1 bidirectionally) plus the
+S sinks through SDPA with a small bool mask, so the cost is O(N·(W + C + S)); nothing N × M is built.
 """
 
 from __future__ import annotations
@@ -12,6 +25,10 @@ import torch
 import torch.nn.functional as F
 
 from .base import Kernel, KernelOptions, visibility_mask
+
+# queries per SDPA call of the windowed form: C = W clamped to [MIN_QUERY_CHUNK, QUERY_CHUNK]
+QUERY_CHUNK = 256
+MIN_QUERY_CHUNK = 64
 
 
 def fused_attention(
@@ -39,19 +56,150 @@ def fused_attention(
     return out.transpose(1, 2).contiguous()
 
 
+def query_chunk(window: int, n: int) -> int:
+    """C: W clamped to [MIN_QUERY_CHUNK, QUERY_CHUNK] (and to N)."""
+    return max(1, min(n, max(MIN_QUERY_CHUNK, min(window, QUERY_CHUNK))))
+
+
+def sink_slots(real: torch.Tensor, sinks: int, offset: int = 0, seen: torch.Tensor | None = None):
+    """The sinks among keys with real flags ``real`` ``[B, M]`` at positions offset, offset + 1, …:
+    for slot s < S, the key whose rank among the row's real tokens (counting ``seen`` [B] earlier real tokens)
+    is s + 1. Returns (index into the M keys ``[B, S]``, clamped to M - 1; position ``[B, S]``; found ``[B, S]``,
+    False where that rank is not among these keys)."""
+    b, m = real.shape
+    rank = real.long().cumsum(-1)
+    if seen is not None:
+        rank = rank + seen[:, None]
+    target = torch.arange(1, sinks + 1, device=real.device).expand(b, sinks)
+    idx = torch.searchsorted(rank.contiguous(), target.contiguous())  # first key with rank >= s + 1
+    found = idx < m
+    if seen is not None:
+        found = found & (target > seen[:, None])
+    idx = idx.clamp_max(max(0, m - 1))
+    return idx, idx + offset, found
+
+
+def gather_keys(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[B, H, M, D]``, ``idx`` ``[B, S]`` -> ``[B, H, S, D]``."""
+    b, h, _, d = x.shape
+    return x.gather(2, idx[:, None, :, None].expand(b, h, idx.shape[1], d))
+
+
+def banded_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    window: int,
+    scale: float,
+    causal: bool,
+    q_start: int,
+    k_start: int,
+    key_real: torch.Tensor | None = None,
+    sink_k: torch.Tensor | None = None,
+    sink_v: torch.Tensor | None = None,
+    sink_pos: torch.Tensor | None = None,
+    sink_valid: torch.Tensor | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Sliding-window softmax (module docstring) for queries ``q`` ``[B, Hq, N, D]`` at positions
+    q_start … q_start + N - 1 and keys ``k``/``v`` ``[B, Hkv, M, ·]`` at positions k_start … k_start + M - 1
+    (``key_real`` ``[B, M]``, None = all real), which must hold every key inside any query's window. Sinks
+    (``[B, Hkv, S, ·]`` at positions ``sink_pos`` ``[B, S]``, ``sink_valid`` ``[B, S]``) are attended by the
+    queries whose window they are outside of (inside it they are among ``k``): each key counts once.
+    Returns ``[B, N, Hq, Dv]``. Rows with no visible key are opened to their whole band (finite, unused)."""
+    b, hq, n, _ = q.shape
+    m, dv = k.shape[-2], v.shape[-1]
+    gqa = hq != k.shape[1]
+    out = q.new_empty(b, n, hq, dv)
+    c = query_chunk(window, n)
+    has_sinks = sink_k is not None and sink_k.shape[-2] > 0
+    for a in range(0, n, c):
+        e = min(n, a + c)
+        first, last = q_start + a, q_start + e - 1  # positions of the chunk's queries
+        lo = max(0, first - window + 1 - k_start)
+        hi = min(m, (last if causal else last + window - 1) + 1 - k_start)
+        qpos = torch.arange(first, last + 1, device=q.device)
+        d = qpos[:, None] - torch.arange(k_start + lo, k_start + hi, device=q.device)[None, :]
+        mask = ((d >= 0) & (d < window) if causal else d.abs() < window)[None, None]  # [1, 1, C, K]
+        if key_real is not None:
+            mask = mask & key_real[:, None, None, lo:hi]
+        keys, values = k[:, :, lo:hi], v[:, :, lo:hi]
+        if has_sinks:
+            ds = qpos[None, :, None] - sink_pos[:, None, :]  # [B, C, S]
+            outside = ds >= window if causal else ds.abs() >= window
+            sink_mask = (outside & sink_valid[:, None, :])[:, None]
+            mask = torch.cat([sink_mask, mask.expand(b, 1, e - a, hi - lo)], -1)
+            keys, values = torch.cat([sink_k, keys], -2), torch.cat([sink_v, values], -2)
+        mask = mask | ~mask.any(-1, keepdim=True)
+        o = F.scaled_dot_product_attention(q[:, :, a:e], keys, values, attn_mask=mask, scale=scale,
+                                           dropout_p=dropout, enable_gqa=gqa)
+        out[:, a:e] = o.transpose(1, 2)
+    return out
+
+
+def window_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    window: int,
+    sinks: int,
+    key_mask: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Sliding-window softmax with ``sinks`` attention sinks over every key (positions 0 … M - 1, queries at
+    the last N of them); returns ``[B, N, Hq, Dv]``."""
+    n, m = q.shape[-2], k.shape[-2]
+    sink_args = {}
+    if sinks:
+        real = torch.ones(q.shape[0], m, dtype=torch.bool, device=q.device) if key_mask is None else key_mask.bool()
+        idx, pos, found = sink_slots(real, sinks)
+        sink_args = dict(sink_k=gather_keys(k, idx), sink_v=gather_keys(v, idx), sink_pos=pos, sink_valid=found)
+    return banded_attention(q, k, v, window=window, scale=scale, causal=causal, q_start=m - n, k_start=0,
+                            key_real=None if key_mask is None else key_mask.bool(), dropout=dropout, **sink_args)
+
+
+def _count(name: str, value: object, meaning: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0 ({meaning}), got {value!r}")
+
+
 @dataclasses.dataclass
 class SoftmaxOptions(KernelOptions):
-    pass
+    window: int = 0  # W > 0: each query attends only to the keys within W positions of it (sliding window)
+    sinks: int = 0  # S > 0 (needs a window): the first S real tokens of each row are always attended (StreamingLLM)
+
+    def validate(self) -> None:
+        _count("window", self.window, "0 = the whole context, W > 0 = a sliding window of W keys")
+        _count("sinks", self.sinks, "the first S real tokens attended by every query; 0 = none")
+        if self.sinks and not self.window:
+            raise ValueError(f"sinks={self.sinks} needs a window > 0 (window=0 attends to every key already); "
+                             "set window=W as well, or sinks=0")
 
 
 class SoftmaxKernel(Kernel):
-    """softmax(s q kᵀ) v — the pretrained model's own attention."""
+    """softmax(s q kᵀ) v — the pretrained model's own attention; with ``window`` W > 0 over the keys j with
+    p_i - W < j ≤ p_i (|p_i - j| < W bidirectionally) plus the first ``sinks`` real tokens (StreamingLLM)."""
 
     name = "softmax"
     options_cls = SoftmaxOptions
-    paper = "Vaswani et al., 2017, Attention Is All You Need"
+    paper = "Vaswani et al., 2017, Attention Is All You Need; sinks: Xiao et al., 2024, StreamingLLM"
+
+    @property
+    def window(self) -> int:
+        return self.options.window
+
+    @property
+    def sinks(self) -> int:
+        return self.options.sinks
 
     def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0):
         self.check_inputs(q, k, v, causal)
         scale = q.shape[-1] ** -0.5 if scaling is None else scaling
-        return fused_attention(q, k, v, key_mask=key_mask, causal=causal, scale=scale, dropout=dropout)
+        if not self.window or self.window >= k.shape[-2]:  # the window covers every key: plain softmax
+            return fused_attention(q, k, v, key_mask=key_mask, causal=causal, scale=scale, dropout=dropout)
+        return window_attention(q, k, v, window=self.window, sinks=self.sinks, key_mask=key_mask, causal=causal,
+                                scale=scale, dropout=dropout)

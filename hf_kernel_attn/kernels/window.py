@@ -269,3 +269,48 @@ def _running(u: torch.Tensor, s0: torch.Tensor | None, decay: torch.Tensor | Non
         outs.append(acc)
         acc = carry * (acc + u[:, :, i])
     return torch.stack(outs, 2)
+
+
+def branch_normalisers(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    fq: torch.Tensor,
+    fk: torch.Tensor,
+    *,
+    window: int,
+    scaling: float,
+    causal: bool,
+    key_mask: torch.Tensor | None = None,
+    log_decay: torch.Tensor | None = None,
+    log_mix: torch.Tensor | None = None,
+    block: int = 256,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two parts of the hybrid's normaliser for every query, written out (O(N·M), a diagnostic):
+    window_i = Σ_{j∈win(i)} e^{s q_i·k_j - m_i} and far_i = λ_h Σ_{j∉win(i)} w_ij φ(q_i)·φ(k_j) e^{-m_i}, with
+    m_i as in :func:`hybrid_attention` (the shares far / (window + far) do not depend on it). Shapes as
+    :func:`hybrid_attention` (``q`` grouped ``[B, Hkv, G, N, D]``, no state); returns two ``[B, Hkv, G, N]``."""
+    q, k, fq, fk = accum(q), accum(k), accum(fq), accum(fk)
+    n, m = q.shape[-2], k.shape[-2]
+    real = None if key_mask is None else key_mask.to(torch.bool)[:, None, None, None, :]  # [B, 1, 1, 1, M]
+    mix = None if log_mix is None else log_mix.to(q.dtype).exp()[None, :, :, None]  # [1, Hkv, G, 1]
+    j = torch.arange(m, device=q.device)
+    wins, fars = [], []
+    for start in range(0, n, block):
+        i = torch.arange(start, min(n, start + block), device=q.device)[:, None] + (m - n)
+        dist = i - j[None, :]  # query position - key position, [nb, M]
+        visible = dist >= 0 if causal else torch.ones_like(dist, dtype=torch.bool)
+        in_window = visible & (dist.abs() < window)
+        outside = visible & ~in_window
+        if real is not None:
+            in_window, outside = in_window & real, outside & real
+        logits = (q[..., start:start + block, :] @ k.unsqueeze(2).transpose(-1, -2)) * scaling  # [B, Hkv, G, nb, M]
+        logits = logits.masked_fill(~in_window, float("-inf"))
+        top = logits.amax(-1, keepdim=True).clamp_min(0)
+        win = torch.exp(logits - top).sum(-1)
+        scores = fq[..., start:start + block, :] @ fk.unsqueeze(2).transpose(-1, -2)  # [B, Hkv, G, nb, M]
+        if log_decay is not None:
+            scores = scores * _decay_table(log_decay.to(q.dtype), dist.abs().to(q.dtype))[None, :, None]
+        far = (scores * outside).sum(-1) * torch.exp(-top[..., 0])
+        wins.append(win)
+        fars.append(far if mix is None else far * mix)
+    return torch.cat(wins, -1), torch.cat(fars, -1)

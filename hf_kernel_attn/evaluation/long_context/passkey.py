@@ -1,0 +1,59 @@
+"""``passkey``: a random 5-digit key stated once inside repeated filler, asked for at the end; exact match of
+the first number in the greedy continuation (Mohtashami & Jaggi 2023, "Landmark Attention", whose filler and
+question this follows)."""
+
+from __future__ import annotations
+
+from .base import (
+    LongContextTask,
+    Sample,
+    assemble,
+    haystack_budget,
+    needle_index,
+    random_digits,
+    register_task,
+    rng_for,
+)
+
+INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+               "I will quiz you about the important information there.")
+FILLER = (" The grass is green.", " The sky is blue.", " The sun is yellow.", " Here we go.",
+          " There and back again.")
+NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = " What is the pass key? The pass key is"
+
+
+def repeated_haystack(encode, sentences: tuple[str, ...], tokens: int) -> tuple[list[int], list[int]]:
+    """The first ``tokens`` tokens of the sentences repeated, and the sentence starts (insertion points,
+    including the end)."""
+    units = [encode(s) for s in sentences]
+    ids: list[int] = []
+    starts = []
+    i = 0
+    while len(ids) < tokens:
+        starts.append(len(ids))
+        ids += units[i % len(units)]
+        i += 1
+    ids = ids[:tokens]
+    return ids, [s for s in starts if s < tokens] + [tokens]
+
+
+@register_task
+class Passkey(LongContextTask):
+    name = "passkey"
+    kind = "generate"
+    answer_digits = 5
+
+    def samples(self, encode, length, depth, count, seed, *, metric="exact_match", text_ids=None, bos=()):
+        prefix, question = [*bos, *encode(INSTRUCTION)], encode(QUESTION)
+        out = []
+        for i in range(count):
+            key = random_digits(rng_for(seed, self.name, length, depth, i), self.answer_digits)
+            needle = encode(NEEDLE.format(key=key))
+            budget = haystack_budget(length, prefix, needle, question)
+            hay, starts = repeated_haystack(encode, FILLER, budget)
+            at = needle_index(depth, budget, starts)
+            ids = assemble(prefix, hay, {at: needle}, question)
+            out.append(Sample(ids, [key], len(prefix) + at, length, depth,
+                              {"haystack_start": len(prefix), "haystack_tokens": budget}))
+        return out

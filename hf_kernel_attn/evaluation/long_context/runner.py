@@ -1,0 +1,159 @@
+"""Scoring the long-context tasks on a causal LM: greedy generation (``generate`` tasks), teacher-forced
+queries (``teacher``) and per-position loss (``loss``). One result per (metric, length, depth) cell."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..tasks import accuracy_stderr, read_text_task
+from .base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES, TASKS, Sample, exact_match, first_number
+from .position_loss import buckets
+
+BATCH_TOKENS = 8192  # prompt tokens per forward batch
+TEXT_TASK = "wikitext2"  # the natural text of niah and position_loss
+
+
+def check_long_context_args(lengths: Sequence[int], depths: Sequence[float], samples: int, seed: int) -> None:
+    """ValueError naming the bad value."""
+    if not lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 16 for n in lengths):
+        raise ValueError(f"--lengths must be integers >= 16, got {list(lengths)}")
+    if not depths or any(isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d <= 100 for d in depths):
+        raise ValueError(f"--depths must be percentages in [0, 100], got {list(depths)}")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"--samples must be an integer >= 1, got {samples!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"--seed must be an integer, got {seed!r}")
+
+
+class TokenizedText:
+    """The natural text of niah / position_loss, tokenised once, with its sentence starts."""
+
+    def __init__(self, tokenizer, text: str) -> None:
+        self.ids = tokenizer(text, add_special_tokens=False).input_ids
+        pieces = {i: tokenizer.decode([i]) for i in set(self.ids)}
+        self._ends = [pieces[i].rstrip().endswith((".", "!", "?")) for i in self.ids]
+        self._starts = [pieces[i][:1] in (" ", "\n") for i in self.ids]
+
+    def is_boundary(self, i: int) -> bool:
+        """A sentence starts at token i: token i - 1 ends one, token i begins with a space or newline."""
+        return 0 < i < len(self.ids) and self._ends[i - 1] and self._starts[i]
+
+
+def _encoder(tokenizer):
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    return encode
+
+
+def bos_ids(tokenizer) -> list[int]:
+    """The special tokens the tokenizer puts in front of a text by itself (e.g. BOS), or []."""
+    with_special = tokenizer("a").input_ids
+    plain = tokenizer("a", add_special_tokens=False).input_ids
+    n = len(with_special) - len(plain)
+    return with_special[:n] if n > 0 and with_special[n:] == plain else []
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _batches(samples: list[Sample]) -> list[list[Sample]]:
+    per = max(1, BATCH_TOKENS // max(len(s.ids) for s in samples))
+    return [samples[i:i + per] for i in range(0, len(samples), per)]
+
+
+@torch.no_grad()
+def _generate_scores(model, tokenizer, samples: list[Sample], max_new_tokens: int) -> list[bool]:
+    """Greedy continuation of each prompt; correct iff its first number equals the answer exactly."""
+    correct = []
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    for batch in _batches(samples):
+        ids = torch.tensor([s.ids for s in batch], device=_device(model))
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=pad, num_beams=1)
+        for s, row in zip(batch, out[:, ids.shape[1]:], strict=True):
+            correct.append(exact_match(first_number(tokenizer.decode(row, skip_special_tokens=True)), s.answers[0]))
+    return correct
+
+
+@torch.no_grad()
+def _teacher_scores(model, samples: list[Sample]) -> list[list[bool]]:
+    """Per sample, per query span: every answer token is the argmax given the gold tokens before it."""
+    out = []
+    for batch in _batches(samples):
+        ids = torch.tensor([s.ids for s in batch], device=_device(model))
+        logits = model(input_ids=ids, use_cache=False).logits
+        pred = logits.argmax(-1)
+        for row, s in enumerate(batch):
+            out.append([bool((pred[row, a - 1:b - 1] == ids[row, a:b]).all()) for a, b in s.extra["answer_spans"]])
+    return out
+
+
+@torch.no_grad()
+def token_losses(model, ids: list[int]) -> torch.Tensor:
+    """Next-token NLL of ``ids[1:]`` (fp32, ``[len(ids) - 1]``): entry t is the loss of token t + 1."""
+    x = torch.tensor([ids], device=_device(model))
+    logits = model(input_ids=x, use_cache=False).logits[0, :-1].float()
+    return torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="none")
+
+
+def run_long_context(model, tokenizer, task: str, *, lengths: Sequence[int] = DEFAULT_LENGTHS,
+                     depths: Sequence[float] = DEFAULT_DEPTHS, samples: int = DEFAULT_SAMPLES, seed: int = 0,
+                     text: str | None = None, progress=None) -> list[dict[str, Any]]:
+    """Score ``task`` on every (length, depth) cell; returns
+    ``[{"metric", "value", "stderr", "n", "length", "depth", "seconds"}]`` (position_loss: one per position
+    bucket, ``length`` = the bucket's end, ``depth`` None, plus ``position_start``)."""
+    if task not in TASKS:
+        raise ValueError(f"unknown long-context task {task!r}; available: {sorted(TASKS)}")
+    check_long_context_args(lengths, depths, samples, seed)
+    spec = TASKS[task]
+    encode, bos = _encoder(tokenizer), bos_ids(tokenizer)
+    natural = None
+    if spec.needs_text:
+        if text is None:
+            raise ValueError(f"{task} needs natural filler text (--data-dir with {TEXT_TASK})")
+        natural = TokenizedText(tokenizer, text)
+    results = []
+    if spec.kind == "loss":
+        start = time.perf_counter()
+        longest = max(lengths)
+        seqs = spec.samples(encode, longest, 0, samples, seed, text_ids=natural.ids, bos=bos)
+        losses = torch.stack([token_losses(model, s.ids) for s in seqs])  # [samples, longest - 1]
+        secs = time.perf_counter() - start
+        for lo, hi in buckets(list(lengths)):
+            part = losses[:, lo:hi - 1] if lo == 0 else losses[:, lo - 1:hi - 1]  # targets at positions lo..hi-1
+            per_seq = part.mean(1)
+            se = float(per_seq.std() / len(per_seq) ** 0.5) if len(per_seq) > 1 else None
+            results.append({"metric": "loss", "value": float(part.mean()), "stderr": se, "n": len(seqs),
+                            "length": hi, "depth": None, "position_start": lo, "seconds": secs})
+        return results
+    for metric in spec.metrics if spec.kind == "generate" else (spec.metrics[0],):
+        for length in lengths:
+            for depth in depths:
+                start = time.perf_counter()
+                kwargs = {"text_ids": natural.ids, "is_boundary": natural.is_boundary} if natural else {}
+                cell = spec.samples(encode, length, depth, samples, seed, metric=metric, bos=bos, **kwargs)
+                if spec.kind == "generate":
+                    scores = {metric: _generate_scores(model, tokenizer, cell, spec.answer_digits + 4)}
+                else:
+                    per_query = _teacher_scores(model, cell)
+                    scores = {spec.metrics[0]: [q[0] for q in per_query],
+                              spec.metrics[1]: [ok for q in per_query for ok in q]}
+                secs = time.perf_counter() - start
+                for name, correct in scores.items():
+                    results.append({"metric": name, "value": 100 * sum(correct) / len(correct),
+                                    "stderr": 100 * accuracy_stderr(correct), "n": len(correct), "length": length,
+                                    "depth": depth, "seconds": secs})
+                if progress:
+                    progress(task, metric, length, depth, scores, secs)
+    return results
+
+
+def read_filler_text(data_dir, split: str) -> str:
+    return read_text_task(TEXT_TASK, split, data_dir)
+
