@@ -88,10 +88,10 @@ def _check_kernels(names: list[str]) -> None:
 def _cmd_decode_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from hf_kernel_attn.speed.decoding import run_decode_suite
+    from hf_kernel_attn.speed.decoding import parse_kernel_spec, run_decode_suite
     from hf_kernel_attn.speed.kernel_bench import format_machine, machine_info
 
-    _check_kernels(args.kernels)
+    _check_kernels([parse_kernel_spec(k)[0] for k in args.kernels])
     if args.threads:
         torch.set_num_threads(args.threads)
     model, _ = _load_causal_lm(args.model, args.gguf_file)
@@ -221,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--model", required=True, help="checkpoint folder or hub id")
     dec.add_argument("--gguf-file", default=None)
     dec.add_argument("--kernels", nargs="+", default=["elu", "relu", "cosformer", "performer", "dijiang", "hedgehog",
-                                                      "taylor"])
+                                                      "taylor"],
+                     help="kernel names, or name:key=value,... with options (e.g. softmax:window=64,sinks=4)")
     dec.add_argument("--contexts", nargs="+", type=int, default=[256, 1024, 2048, 4096, 8192])
     dec.add_argument("--steps", type=int, default=8, help="timed decode steps per point (median)")
     dec.add_argument("--synthetic-cache", action="store_true",

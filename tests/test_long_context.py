@@ -208,3 +208,55 @@ def test_eval_command_writes_length_and_depth(smollm2_dir, tmp_path):
     assert [(r["length"], r["depth"]) for r in recs] == [(128, 0), (128, 100)]
     assert all(r["task"] == "passkey" and r["metric"] == "exact_match" and r["n"] == 1 for r in recs)
     assert (tmp_path / "plots" / "passkey_exact_match.png").is_file()
+
+
+def test_leaderboard_long_context_columns_and_plots(tmp_path):
+    from hf_kernel_attn.evaluation.leaderboard import render
+
+    cfg = {"output_dir": str(tmp_path), "split": "validation", "data_dir": DATA, "limit": None,
+           "lengths": [512, 1024], "depths": [0, 100],
+           "models": [{"name": "m", "kernels": ["softmax", "elu"], "tasks": ["passkey", "position_loss"]}]}
+    recs = []
+    values = {("softmax", 512): (100, 50), ("softmax", 1024): (100, 100), ("elu", 512): (0, 100), ("elu", 1024): (0, 0)}
+    for (kernel, length), (at0, at100) in values.items():
+        for depth, v in ((0, at0), (100, at100)):
+            recs.append({"model_name": "m", "kernel_row": kernel, "task": "passkey", "split": "validation",
+                         "metric": "exact_match", "value": v, "stderr": 0.0, "n": 3, "length": length, "depth": depth,
+                         "kernel": kernel, "params": {}})
+        recs.append({"model_name": "m", "kernel_row": kernel, "task": "position_loss", "split": "validation",
+                     "metric": "loss", "value": 3.0 + length / 1000, "stderr": None, "n": 2, "length": length,
+                     "depth": None, "position_start": 0 if length == 512 else 512, "kernel": kernel, "params": {}})
+    table = render(cfg, recs, [])
+    assert table["columns"] == ["passkey@512", "passkey@1024", "position_loss@512", "position_loss@1024"]
+    md = (tmp_path / "leaderboard.md").read_text()
+    assert "| m | softmax | 75 | 100 | 3.512 | 4.024 |" in md  # the mean over depths
+    assert "| m | elu | 50 | 0 |" in md
+    assert (tmp_path / "long_context" / "passkey_exact_match.png").stat().st_size > 1000
+    assert (tmp_path / "long_context" / "position_loss.png").stat().st_size > 1000
+
+
+def test_shipped_long_context_profiles_load(tmp_path):
+    from pathlib import Path
+
+    import yaml
+
+    from hf_kernel_attn.evaluation.leaderboard import load_leaderboard_config
+
+    for name in ("long-context-quick.yaml", "long-context.yaml", "long-context-full.yaml"):
+        cfg = load_leaderboard_config(Path("configs/leaderboard") / name)
+        assert all(t in TASKS for m in cfg["models"] for t in m["tasks"])
+    bad = yaml.safe_load((Path("configs/leaderboard") / "long-context-quick.yaml").read_text())
+    bad["depths"] = [0, 150]
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ValueError, match="depths must be percentages"):
+        load_leaderboard_config(tmp_path / "b.yaml")
+
+
+def test_decode_bench_kernel_specs():
+    from hf_kernel_attn.speed.decoding import parse_kernel_spec
+
+    assert parse_kernel_spec("softmax:window=64,sinks=4") == ("softmax", {"window": 64, "sinks": 4})
+    assert parse_kernel_spec("hedgehog:window=64,window_mix=true") == ("hedgehog", {"window": 64, "window_mix": True})
+    assert parse_kernel_spec("elu") == ("elu", {})
+    with pytest.raises(ValueError, match="expected name:key=value"):
+        parse_kernel_spec("softmax:window")

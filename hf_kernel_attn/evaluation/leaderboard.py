@@ -25,6 +25,12 @@ Config::
         tasks: [wikitext2, arc_easy]
         finetune: configs/smollm2/{kernel}.yaml   # optional: convert each kernel first (not softmax)
         finetune_set: ["stages.lora.steps=0"]
+    # long-context tasks (passkey, niah, kv_recall, position_loss): every (length, depth) cell; the table
+    # shows one column per task and length (the mean over depths), the plots the whole grid
+    lengths: [512, 1024, 2048]
+    depths: [0, 25, 50, 75, 100]
+    samples: 20
+    seed: 0
 """
 
 from __future__ import annotations
@@ -39,18 +45,20 @@ from pathlib import Path
 from typing import Any
 
 from .runner import ModelSpec, run_eval
-from .tasks import check_split, check_tasks
+from .tasks import LONG_CONTEXT_TASKS, check_split, check_tasks
 
 MAIN_METRIC = {
     "wikitext2": "perplexity", "ptb": "perplexity", "tinyshakespeare": "perplexity", "lambada_openai": "acc",
     "arc_easy": "acc_norm", "arc_challenge": "acc_norm", "piqa": "acc_norm", "boolq": "acc", "copa": "acc",
     "openbookqa": "acc_norm", "sst2": "accuracy", "mrpc": "f1", "rte": "accuracy", "cola": "matthews_correlation",
-    "stsb": "spearman", "stsb_embedding": "spearman",
+    "stsb": "spearman", "stsb_embedding": "spearman", "passkey": "exact_match", "niah": "exact_match",
+    "kv_recall": "exact_match", "position_loss": "loss",
 }
-LOWER_IS_BETTER = {"perplexity", "bits_per_byte"}
+LOWER_IS_BETTER = {"perplexity", "bits_per_byte", "loss"}
 _MODEL_KEYS = {"name", "model", "gguf_file", "kernels", "kernel_params", "tasks", "finetune", "finetune_set",
                "layers"}
-_TOP_KEYS = {"output_dir", "data_dir", "split", "context", "batch_size", "limit", "models"}
+_TOP_KEYS = {"output_dir", "data_dir", "split", "context", "batch_size", "limit", "models", "lengths", "depths",
+             "samples", "seed"}
 
 
 def _unknown_keys(keys: set, valid: set[str], where: str) -> None:
@@ -84,6 +92,17 @@ def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None
     cfg.setdefault("batch_size", 1)
     cfg.setdefault("limit", None)
     cfg.setdefault("data_dir", "../shared/data")
+    from .long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
+    from .long_context.runner import check_long_context_args
+
+    cfg.setdefault("lengths", list(DEFAULT_LENGTHS))
+    cfg.setdefault("depths", list(DEFAULT_DEPTHS))
+    cfg.setdefault("samples", DEFAULT_SAMPLES)
+    cfg.setdefault("seed", 0)
+    try:
+        check_long_context_args(cfg["lengths"], cfg["depths"], cfg["samples"], cfg["seed"])
+    except ValueError as exc:
+        raise ValueError(f"leaderboard {str(exc).replace('--', '')}") from None
     if data_dir is not None:
         cfg["data_dir"] = data_dir
     if output_dir is not None:
@@ -203,12 +222,13 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
                 spec_kernel = None
             params = (m.get("kernel_params") or {}).get(kernel, {})
             spec = ModelSpec(model_path, gguf, spec_kernel, m.get("layers") if spec_kernel else None,
-                             params if spec_kernel and kernel != "softmax" else {})
+                             params if spec_kernel else {})
             for task in todo:
                 try:
                     records = run_eval(spec, [task], data_dir=cfg["data_dir"], split=cfg["split"],
                                        limit=_limit(cfg, task), batch_size=cfg["batch_size"],
-                                       context=cfg["context"])
+                                       context=cfg["context"], lengths=cfg["lengths"], depths=cfg["depths"],
+                                       samples=cfg["samples"], seed=cfg["seed"])
                 except Exception as exc:
                     errors.append({"model_name": m["name"], "kernel_row": kernel, "task": task, "split": cfg["split"],
                                    "error": repr(exc), "traceback": traceback.format_exc(limit=3)})
@@ -234,12 +254,22 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
         for t in m["tasks"]:
             if t not in columns:
                 columns.append(t)
+    columns = [c for t in columns for c in (_long_columns(t, cfg) if t in LONG_CONTEXT_TASKS else [t])]
     cell: dict[tuple[str, str, str], dict[str, Any]] = {}
+    long_cells: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in records:
-        if r["split"] == split and r["metric"] == MAIN_METRIC.get(r["task"], r["metric"]):
+        if r["split"] != split or r["metric"] != MAIN_METRIC.get(r["task"], r["metric"]):
+            continue
+        if r["task"] in LONG_CONTEXT_TASKS:
+            long_cells.setdefault((r["model_name"], r["kernel_row"], f"{r['task']}@{r['length']}"), []).append(r)
+        else:
             cell[(r["model_name"], r["kernel_row"], r["task"])] = r
-    failed = {(e["model_name"], e["kernel_row"], e["task"]): e["error"] for e in errors}
-    header = ["model", "kernel"] + [f"{t} ({MAIN_METRIC.get(t, '?')})" for t in columns]
+    for key, group in long_cells.items():
+        cell[key] = {**group[0], "value": sum(g["value"] for g in group) / len(group), "stderr": None,
+                     "n": sum(g["n"] for g in group)}
+    failed = {(e["model_name"], e["kernel_row"], c): e["error"] for e in errors
+              for c in (_long_columns(e["task"], cfg) if e["task"] in LONG_CONTEXT_TASKS else [e["task"]])}
+    header = ["model", "kernel"] + [f"{t} ({MAIN_METRIC.get(t.split('@')[0], '?')})" for t in columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     csv_rows = [["model", "kernel", "task", "metric", "value", "stderr", "n", "split"]]
     for name, kernel in rows:
@@ -263,7 +293,21 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
     with open(out / "leaderboard.csv", "w", newline="") as f:
         csv.writer(f).writerows(csv_rows)
     _plots(out, rows, columns, cell)
+    long_records = [r for r in records if r["split"] == split and r["task"] in LONG_CONTEXT_TASKS]
+    if long_records:
+        try:
+            from .long_context.plots import plot_long_context
+
+            plot_long_context(long_records, out / "long_context")
+        except ImportError:
+            pass
     return {"rows": rows, "columns": columns, "markdown": "\n".join(lines)}
+
+
+def _long_columns(task: str, cfg: dict[str, Any]) -> list[str]:
+    """The table columns of a long-context task: ``task@length`` (mean over depths; position_loss: the loss of
+    the bucket ending at that length)."""
+    return [f"{task}@{n}" for n in sorted(set(cfg["lengths"]))]
 
 
 def _plots(out: Path, rows, columns, cell) -> None:
@@ -292,7 +336,8 @@ def _plots(out: Path, rows, columns, cell) -> None:
             ratio = r["value"] / base["value"]
             grid[i, j] = 1 / ratio if r["metric"] in LOWER_IS_BETTER else ratio
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(columns), 0.9 + 0.42 * len(rows)))
-    im = ax.imshow(np.log2(grid), cmap="RdYlGn", vmin=-3, vmax=3, aspect="auto")
+    with np.errstate(divide="ignore"):  # a 0 score is the bottom of the scale
+        im = ax.imshow(np.log2(grid), cmap="RdYlGn", vmin=-3, vmax=3, aspect="auto")
     ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
     ax.set_yticks(range(len(rows)), [f"{n} / {k}" for n, k in rows])
     for i in range(len(rows)):

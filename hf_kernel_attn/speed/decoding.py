@@ -115,6 +115,24 @@ def decode_latency(model, context: int, *, steps: int = 8, warmup: int = DECODE_
             "decode_ms": 1e3 * statistics.median(times), "cache_bytes": cache_bytes(cache), "synthetic": synthetic}
 
 
+def parse_kernel_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``name`` or ``name:key=value,key=value`` (values as JSON, else strings) -> (name, options), e.g.
+    ``softmax:window=64,sinks=4``."""
+    import json
+
+    name, _, rest = spec.partition(":")
+    params: dict[str, Any] = {}
+    for pair in filter(None, rest.split(",")):
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise ValueError(f"kernel spec {spec!r}: expected name:key=value,key=value, got the part {pair!r}")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return name, params
+
+
 def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, steps: int = 8,
                      synthetic: bool = False, progress=None) -> list[dict[str, Any]]:
     """``decode_latency`` for every kernel and context; ``softmax`` (K/V cache) is always measured too.
@@ -124,10 +142,10 @@ def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, 
     rows = []
     longest = max(contexts) + steps + DECODE_WARMUP
     for kernel in kernels:
-        params = {}
-        if kernel == "cosformer" and longest > getattr(model.config, "max_position_embeddings", longest):
-            params["horizon"] = longest  # cosformer refuses positions past its horizon (default: max positions)
-        patch(model, kernel=kernel, **params)
+        name, params = parse_kernel_spec(kernel)
+        if name == "cosformer" and longest > getattr(model.config, "max_position_embeddings", longest):
+            params.setdefault("horizon", longest)  # cosformer refuses positions past its horizon (max positions)
+        patch(model, kernel=name, **params)
         for context in contexts:
             row = {"kernel": kernel, "params": params,
                    **decode_latency(model, context, steps=steps, synthetic=synthetic)}

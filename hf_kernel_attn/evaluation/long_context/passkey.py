@@ -1,6 +1,6 @@
 """``passkey``: a random 5-digit key stated once inside repeated filler, asked for at the end; exact match of
 the first number in the greedy continuation (Mohtashami & Jaggi 2023, "Landmark Attention", whose filler and
-question this follows)."""
+question this follows; the question starts a new line)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant tex
 FILLER = (" The grass is green.", " The sky is blue.", " The sun is yellow.", " Here we go.",
           " There and back again.")
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
-QUESTION = " What is the pass key? The pass key is"
+# the question starts a new line: asked straight after the needle (depth 100) on the same line, SmolLM2-135M
+# continues "... 24200 is the pass key. What is the pass key? The pass key is" with " the pass key" (0 of 6)
+QUESTION = "\nWhat is the pass key? The pass key is"
 
 
 def repeated_haystack(encode, sentences: tuple[str, ...], tokens: int) -> tuple[list[int], list[int]]:
