@@ -215,7 +215,8 @@ def test_leaderboard_long_context_columns_and_plots(tmp_path):
 
     cfg = {"output_dir": str(tmp_path), "split": "validation", "data_dir": DATA, "limit": None,
            "lengths": [512, 1024], "depths": [0, 100],
-           "models": [{"name": "m", "kernels": ["softmax", "elu"], "tasks": ["passkey", "position_loss"]}]}
+           "models": [{"name": "m", "kernels": ["softmax", "elu"], "tasks": ["passkey", "position_loss"]},
+                      {"name": "m", "kernels": ["softmax"], "tasks": ["niah"], "lengths": [2048]}]}
     recs = []
     values = {("softmax", 512): (100, 50), ("softmax", 1024): (100, 100), ("elu", 512): (0, 100), ("elu", 1024): (0, 0)}
     for (kernel, length), (at0, at100) in values.items():
@@ -226,10 +227,15 @@ def test_leaderboard_long_context_columns_and_plots(tmp_path):
         recs.append({"model_name": "m", "kernel_row": kernel, "task": "position_loss", "split": "validation",
                      "metric": "loss", "value": 3.0 + length / 1000, "stderr": None, "n": 2, "length": length,
                      "depth": None, "position_start": 0 if length == 512 else 512, "kernel": kernel, "params": {}})
+    recs.append({"model_name": "m", "kernel_row": "softmax", "task": "niah", "split": "validation",
+                 "metric": "exact_match", "value": 40.0, "stderr": 0.0, "n": 2, "length": 2048, "depth": 0,
+                 "kernel": "softmax", "params": {}})
     table = render(cfg, recs, [])
-    assert table["columns"] == ["passkey@512", "passkey@1024", "position_loss@512", "position_loss@1024"]
+    assert table["columns"] == ["passkey@512", "passkey@1024", "position_loss@512", "position_loss@1024",
+                                "niah@2048"]
+    assert table["rows"] == [("m", "softmax"), ("m", "elu")]  # one row from two entries
     md = (tmp_path / "leaderboard.md").read_text()
-    assert "| m | softmax | 75 | 100 | 3.512 | 4.024 |" in md  # the mean over depths
+    assert "| m | softmax | 75 | 100 | 3.512 | 4.024 | 40 |" in md  # the mean over depths
     assert "| m | elu | 50 | 0 |" in md
     assert (tmp_path / "long_context" / "passkey_exact_match.png").stat().st_size > 1000
     assert (tmp_path / "long_context" / "position_loss.png").stat().st_size > 1000
@@ -242,7 +248,7 @@ def test_shipped_long_context_profiles_load(tmp_path):
 
     from hf_kernel_attn.evaluation.leaderboard import load_leaderboard_config
 
-    for name in ("long-context-quick.yaml", "long-context.yaml", "long-context-full.yaml"):
+    for name in ("long-context-quick.yaml", "long-context.yaml", "long-context-8k.yaml", "long-context-full.yaml"):
         cfg = load_leaderboard_config(Path("configs/leaderboard") / name)
         assert all(t in TASKS for m in cfg["models"] for t in m["tasks"])
     bad = yaml.safe_load((Path("configs/leaderboard") / "long-context-quick.yaml").read_text())

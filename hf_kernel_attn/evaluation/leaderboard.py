@@ -26,7 +26,8 @@ Config::
         finetune: configs/smollm2/{kernel}.yaml   # optional: convert each kernel first (not softmax)
         finetune_set: ["stages.lora.steps=0"]
     # long-context tasks (passkey, niah, kv_recall, position_loss): every (length, depth) cell; the table
-    # shows one column per task and length (the mean over depths), the plots the whole grid
+    # shows one column per task and length (the mean over depths), the plots the whole grid. A model entry
+    # may set its own lengths / depths / samples; entries with the same name and kernel share a table row
     lengths: [512, 1024, 2048]
     depths: [0, 25, 50, 75, 100]
     samples: 20
@@ -56,7 +57,8 @@ MAIN_METRIC = {
 }
 LOWER_IS_BETTER = {"perplexity", "bits_per_byte", "loss"}
 _MODEL_KEYS = {"name", "model", "gguf_file", "kernels", "kernel_params", "tasks", "finetune", "finetune_set",
-               "layers"}
+               "layers", "lengths", "depths", "samples"}
+_LONG_KEYS = ("lengths", "depths", "samples")  # a model entry's own long-context grid (default: the top level's)
 _TOP_KEYS = {"output_dir", "data_dir", "split", "context", "batch_size", "limit", "models", "lengths", "depths",
              "samples", "seed"}
 
@@ -139,6 +141,10 @@ def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None
         if unknown_k:
             raise ValueError(f"unknown kernel(s) {unknown_k}; available: {sorted(KERNELS)}")
         check_tasks(m["tasks"])
+        try:
+            check_long_context_args(*(m.get(k, cfg[k]) for k in _LONG_KEYS), cfg["seed"])
+        except ValueError as exc:
+            raise ValueError(f"leaderboard model {m['name']!r}: {str(exc).replace('--', '')}") from None
         if isinstance(m["model"], str) and m["model"].startswith("pkg:"):
             m["model"] = resolve_package_path(m["model"])
     return cfg
@@ -227,8 +233,9 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
                 try:
                     records = run_eval(spec, [task], data_dir=cfg["data_dir"], split=cfg["split"],
                                        limit=_limit(cfg, task), batch_size=cfg["batch_size"],
-                                       context=cfg["context"], lengths=cfg["lengths"], depths=cfg["depths"],
-                                       samples=cfg["samples"], seed=cfg["seed"])
+                                       context=cfg["context"], lengths=m.get("lengths", cfg["lengths"]),
+                                       depths=m.get("depths", cfg["depths"]), samples=m.get("samples", cfg["samples"]),
+                                       seed=cfg["seed"])
                 except Exception as exc:
                     errors.append({"model_name": m["name"], "kernel_row": kernel, "task": task, "split": cfg["split"],
                                    "error": repr(exc), "traceback": traceback.format_exc(limit=3)})
@@ -250,7 +257,8 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
     columns: list[str] = []
     for m in cfg["models"]:
         for kernel in m["kernels"]:
-            rows.append((m["name"], kernel))
+            if (m["name"], kernel) not in rows:  # one row may take its tasks from several entries
+                rows.append((m["name"], kernel))
         for t in m["tasks"]:
             if t not in columns:
                 columns.append(t)
@@ -305,9 +313,10 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
 
 
 def _long_columns(task: str, cfg: dict[str, Any]) -> list[str]:
-    """The table columns of a long-context task: ``task@length`` (mean over depths; position_loss: the loss of
-    the bucket ending at that length)."""
-    return [f"{task}@{n}" for n in sorted(set(cfg["lengths"]))]
+    """The table columns of a long-context task: ``task@length`` for every length any entry runs it at (mean
+    over depths; position_loss: the loss of the bucket ending at that length)."""
+    lengths = {n for m in cfg["models"] if task in m["tasks"] for n in m.get("lengths", cfg["lengths"])}
+    return [f"{task}@{n}" for n in sorted(lengths)]
 
 
 def _plots(out: Path, rows, columns, cell) -> None:
