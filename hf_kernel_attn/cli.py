@@ -27,6 +27,12 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _percent(text: str) -> float | int:
+    """A --depths value: an int when it is whole (records then read ``"depth": 50``), else a float."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
 def _parse_params(pairs: list[str]) -> dict:
     params = {}
     for pair in pairs or []:
@@ -270,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--stride", type=int, default=None, help="perplexity window stride (default: --context)")
     ev.add_argument("--lengths", nargs="+", type=int, default=list(DEFAULT_LENGTHS),
                     help="long-context tasks: prompt lengths in tokens (position_loss: the bucket edges)")
-    ev.add_argument("--depths", nargs="+", type=float, default=list(DEFAULT_DEPTHS),
+    ev.add_argument("--depths", nargs="+", type=_percent, default=list(DEFAULT_DEPTHS),
                     help="long-context tasks: needle depths, percent of the context before the needle")
     ev.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="long-context tasks: prompts per cell")
     ev.add_argument("--seed", type=int, default=0, help="long-context tasks: the seed of keys, needles and offsets")

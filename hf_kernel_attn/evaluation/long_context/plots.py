@@ -4,6 +4,7 @@ models side by side; and next-token loss against position, one curve per model."
 from __future__ import annotations
 
 import os
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ def plot_long_context(records: list[dict[str, Any]], out_dir: str | os.PathLike)
         names = list(models)
         cols = min(3, len(names))
         rows = -(-len(names) // cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.6 * rows), squeeze=False)
         for ax, name in zip(axes.flat, names, strict=False):
             cells = models[name]
             lengths = sorted({k[0] for k in cells})
@@ -57,11 +58,12 @@ def plot_long_context(records: list[dict[str, Any]], out_dir: str | os.PathLike)
                 for j in range(len(lengths)):
                     if not np.isnan(grid[i, j]):
                         ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=7)
-            ax.set_title(name, fontsize=9)
+            ax.set_title("\n".join(textwrap.wrap(name, 40)), fontsize=8)
             ax.set_xlabel("context length (tokens)", fontsize=8)
             ax.set_ylabel("needle depth", fontsize=8)
         for ax in list(axes.flat)[len(names):]:
             ax.axis("off")
+        fig.subplots_adjust(hspace=0.75, wspace=0.35)
         fig.colorbar(im, ax=axes, shrink=0.8, label=f"{metric} (%)")
         fig.suptitle(f"{task}: {metric}")
         path = out / f"{task}_{metric}.png"
@@ -72,7 +74,8 @@ def plot_long_context(records: list[dict[str, Any]], out_dir: str | os.PathLike)
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
         for name, pts in curves.items():
             pts = sorted(pts)
-            ax.plot([(a + b) / 2 for a, b, _ in pts], [v for _, _, v in pts], marker="o", label=name)
+            ax.plot([(a + b) / 2 for a, b, _ in pts], [v for _, _, v in pts], marker="o",
+                    label="\n".join(textwrap.wrap(name, 50)))
         ax.set_xscale("log", base=2)
         ax.set_xlabel("token position (bucket middle)")
         ax.set_ylabel("next-token loss (nats)")
