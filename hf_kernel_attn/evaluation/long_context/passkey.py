@@ -1,7 +1,8 @@
 """``passkey``: a random 5-digit key stated once inside repeated filler, asked for at the end; exact match of
 the first number in the greedy continuation (Mohtashami & Jaggi 2023, "Landmark Attention", whose filler and
 question this follows, with two changes that SmolLM2-135M-Instruct needed to score ≥ 90 % at every depth:
-the question starts a new line, and the needle drops its second sentence "{key} is the pass key.")."""
+the question starts a new line, and the needle's second statement is "The pass key is {key}." instead of
+"{key} is the pass key.")."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant tex
                "I will quiz you about the important information there.")
 FILLER = (" The grass is green.", " The sky is blue.", " The sun is yellow.", " Here we go.",
           " There and back again.")
-# Landmark's needle adds " {key} is the pass key."; SmolLM2-135M then often answers " the pass key" (copying
-# that sentence's end): 15-17 of 20 at 1,024 tokens, depth 25, against 20 of 20 without it
-NEEDLE = " The pass key is {key}. Remember it."
+# Landmark's needle ends " {key} is the pass key."; SmolLM2-135M then often answers " the pass key" (copying
+# that sentence's end: 15-17 of 20 at 1,024 tokens, depth 25); stated once, the key is missed at 2,048 tokens,
+# depth 50 (0 of 20); stated twice in the question's own words, both pass (10 of 10, 4 of 4)
+NEEDLE = " The pass key is {key}. Remember it. The pass key is {key}."
 # the question starts a new line: asked on the needle's line right after it (depth 100), SmolLM2-135M
 # continued "... 24200 is the pass key. What is the pass key? The pass key is" with " the pass key" (0 of 6)
 QUESTION = "\nWhat is the pass key? The pass key is"
