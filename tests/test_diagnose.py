@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ import hf_kernel_attn
 from hf_kernel_attn.integration.branches import linear_branch_off, normaliser_shares, window_only_config
 from hf_kernel_attn.kernels.base import group_queries
 from hf_kernel_attn.kernels.window import branch_normalisers
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def brute_shares(q, k, window, scaling, lam, causal=True):
@@ -64,7 +67,7 @@ def test_zeroed_branch_equals_window_only_on_smollm2(smollm2, smollm2_tok, fresh
     from hf_kernel_attn.evaluation.tasks import read_text_task
 
     fresh(smollm2)
-    text = read_text_task("wikitext2", "validation", "../shared/data")[:4000]
+    text = read_text_task("wikitext2", "validation", DATA)[:4000]
     ids = torch.tensor([smollm2_tok(text, add_special_tokens=False).input_ids[:160]])
     hf_kernel_attn.patch(smollm2, kernel="hedgehog", window=16, window_mix=True, layers={0: "softmax"})
     with torch.no_grad():
@@ -103,7 +106,7 @@ def test_diagnose_command(smollm2_dir, tmp_path, capsys):
             shutil.copy(smollm2_dir / f, tmp_path / "m" / f)
     out = tmp_path / "d.json"
     rc = main(["diagnose", "--model", str(tmp_path / "m"), "--data-file",
-               "../shared/data/wikitext-2-raw/wiki.valid.raw", "--tokens", "96", "--blocks", "1",
+               str(DATA / "wikitext-2-raw" / "wiki.valid.raw"), "--tokens", "96", "--blocks", "1",
                "--output", str(out)])
     assert rc == 0
     res = json.loads(out.read_text())
@@ -111,5 +114,5 @@ def test_diagnose_command(smollm2_dir, tmp_path, capsys):
     assert "linear share" in capsys.readouterr().out
     # a model without a hybrid layer is refused with a clear message
     assert main(["diagnose", "--model", str(smollm2_dir), "--data-file",
-                 "../shared/data/wikitext-2-raw/wiki.valid.raw", "--tokens", "96"]) == 2
+                 str(DATA / "wikitext-2-raw" / "wiki.valid.raw"), "--tokens", "96"]) == 2
     assert "no sliding-window hybrid layer" in capsys.readouterr().err

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +24,8 @@ from hf_kernel_attn.evaluation.long_context.runner import (
     run_long_context,
 )
 
-DATA = "../shared/data"
+REPO = Path(__file__).resolve().parents[1]
+DATA = str(REPO.parent / "shared" / "data")
 
 
 def find_sub(seq: list[int], sub: list[int]) -> list[int]:
@@ -242,16 +244,14 @@ def test_leaderboard_long_context_columns_and_plots(tmp_path):
 
 
 def test_shipped_long_context_profiles_load(tmp_path):
-    from pathlib import Path
-
     import yaml
 
     from hf_kernel_attn.evaluation.leaderboard import load_leaderboard_config
 
     for name in ("long-context-quick.yaml", "long-context.yaml", "long-context-8k.yaml", "long-context-full.yaml"):
-        cfg = load_leaderboard_config(Path("configs/leaderboard") / name)
+        cfg = load_leaderboard_config((REPO / "configs" / "leaderboard") / name)
         assert all(t in TASKS for m in cfg["models"] for t in m["tasks"])
-    bad = yaml.safe_load((Path("configs/leaderboard") / "long-context-quick.yaml").read_text())
+    bad = yaml.safe_load(((REPO / "configs" / "leaderboard") / "long-context-quick.yaml").read_text())
     bad["depths"] = [0, 150]
     (tmp_path / "b.yaml").write_text(yaml.safe_dump(bad))
     with pytest.raises(ValueError, match="depths must be percentages"):
