@@ -31,6 +31,21 @@ def _bytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _enter_module_kwargs(layer: DynamicLayer, key_states: torch.Tensor, update_kwargs: dict[str, Any],
+                         name: str) -> None:
+    """Initialise ``layer`` on first use and put it into the attention module's kwargs under ``name``, where
+    the attention function finds it."""
+    if not layer.is_initialized:
+        layer.lazy_initialization(key_states, key_states)
+    module_kwargs = update_kwargs.get("kwargs")
+    if not isinstance(module_kwargs, dict):
+        raise RuntimeError(
+            "RecurrentStateCache needs the attention module to pass its kwargs to cache.update(..., kwargs=...) "
+            "(transformers >= 5.24 models do); this model does not"
+        )
+    module_kwargs[name] = layer
+
+
 class RecurrentStateLayer(DynamicLayer):
     """One linear-kernel layer's recurrent state (fp32, or fp64 for fp64 inputs; on the keys' device)."""
 
@@ -54,15 +69,7 @@ class RecurrentStateLayer(DynamicLayer):
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        module_kwargs = kwargs.get("kwargs")
-        if not isinstance(module_kwargs, dict):
-            raise RuntimeError(
-                "RecurrentStateCache needs the attention module to pass its kwargs to cache.update(..., kwargs=...) "
-                "(transformers >= 5.24 models do); this model does not"
-            )
-        module_kwargs["linear_state"] = self
+        _enter_module_kwargs(self, key_states, kwargs, "linear_state")
         self._chunk_offset = self.cumulative_length
         self.cumulative_length += key_states.shape[-2]
         if self.window and self.window_keys is not None:
@@ -179,15 +186,7 @@ class WindowKVLayer(DynamicLayer):
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        module_kwargs = kwargs.get("kwargs")
-        if not isinstance(module_kwargs, dict):
-            raise RuntimeError(
-                "RecurrentStateCache needs the attention module to pass its kwargs to cache.update(..., kwargs=...) "
-                "(transformers >= 5.24 models do); this model does not"
-            )
-        module_kwargs["window_cache"] = self
+        _enter_module_kwargs(self, key_states, kwargs, "window_cache")
         self._chunk_start = self.cumulative_length
         self.cumulative_length += key_states.shape[-2]
         return key_states, value_states  # the kept keys are added in attend()
