@@ -8,12 +8,20 @@ A kernel is an ``nn.Module`` built once per attention layer. It receives
 * ``causal``: bottom-right aligned when ``N < M`` (query ``i`` sees key ``j`` iff ``j <= i + M - N``),
 * ``scaling``: the softmax scale the host model would use (usually ``D ** -0.5``),
 
-and returns ``[B, N, Hq, Dv]``. Nothing here imports transformers.
+and returns ``[B, N, Hq, Dv]`` in q's dtype. Nothing here imports transformers.
+
+Mixed precision: every kernel except softmax computes in fp32 (fp64 inputs stay fp64) with autocast switched
+off inside ``forward`` and ``forward_with_state`` (wrapped once per class by :meth:`Kernel.__init_subclass__`),
+so a bf16/fp16 autocast region or half-precision weights feed the kernel half-precision q/k/v and get a
+half-precision output, while scores, key norms, feature maps and running states stay fp32. Softmax keeps the
+host's behaviour (SDPA under autocast), so it is bit for bit the model's own attention.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -64,15 +72,42 @@ def make_options(options_cls: type, kernel_name: str, params: dict[str, Any]) ->
     return opts
 
 
+def outside_autocast(method: Callable) -> Callable:
+    """Run a kernel method ``(self, q, k, v, ...)`` with autocast off on q's device (no-op when it is off)."""
+    if getattr(method, "_outside_autocast", False):
+        return method
+
+    @functools.wraps(method)
+    def wrapper(self, q, *args, **kwargs):
+        device = q.device.type
+        if torch.is_autocast_enabled(device):
+            with torch.autocast(device, enabled=False):
+                return method(self, q, *args, **kwargs)
+        return method(self, q, *args, **kwargs)
+
+    wrapper._outside_autocast = True
+    return wrapper
+
+
 class Kernel(nn.Module):
-    """Base class: one instance per attention layer, holding any learnable or fixed parameters."""
+    """Base class: one instance per attention layer, holding any learnable or fixed parameters.
+
+    ``full_precision`` (default True): ``forward`` / ``forward_with_state`` run outside autocast, in fp32."""
 
     name: ClassVar[str]
     options_cls: ClassVar[type] = KernelOptions
     supports_causal: ClassVar[bool] = True
     supports_bidirectional: ClassVar[bool] = True
     is_linear: ClassVar[bool] = False
+    full_precision: ClassVar[bool] = True
     paper: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.full_precision:
+            for method in ("forward", "forward_with_state"):
+                if method in cls.__dict__:
+                    setattr(cls, method, outside_autocast(cls.__dict__[method]))
 
     def __init__(self, shape: LayerShape, options: KernelOptions) -> None:
         super().__init__()

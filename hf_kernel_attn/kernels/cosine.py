@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from .base import Kernel, KernelOptions, one_of, positive
+from .base import Kernel, KernelOptions, accum, one_of, positive
 from .projection import PROJECTIONS, QKProjection
 from .softmax import fused_attention
 
@@ -67,9 +67,12 @@ class CosineKernel(Kernel):
         dtype = q.dtype
         eps = self.options.eps
         if self.projection is not None:
-            q, k = self.projection(q.float(), k.float())
-        qn = q.float() / q.float().norm(dim=-1, keepdim=True).clamp_min(eps)
-        kn = k.float() / k.float().norm(dim=-1, keepdim=True).clamp_min(eps)
-        qn = qn * self.log_gain.float().exp()[None, :, None, None]
-        return fused_attention(qn.to(dtype), kn.to(dtype), v, key_mask=key_mask, causal=causal, scale=1.0,
-                               dropout=dropout)
+            q, k = self.projection(accum(q), accum(k))
+        q, k = accum(q), accum(k)
+        qn = q / q.norm(dim=-1, keepdim=True).clamp_min(eps)
+        kn = k / k.norm(dim=-1, keepdim=True).clamp_min(eps)
+        qn = qn * self.log_gain.to(q.dtype).exp()[None, :, None, None]
+        # fp32 scores: the gain (≈ log2 L², ~20) turns a half-precision rounding of the unit vectors into
+        # logit errors of ~0.1
+        return fused_attention(qn, kn, accum(v), key_mask=key_mask, causal=causal, scale=1.0,
+                               dropout=dropout).to(dtype)

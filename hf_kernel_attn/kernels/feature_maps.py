@@ -599,6 +599,8 @@ class PositiveRandomFeatures(torch.autograd.Function):
         return phi
 
     @staticmethod
+    @torch.autocast("cpu", enabled=False)
+    @torch.autocast("cuda", enabled=False)
     def backward(ctx, grad):
         x, omega, phi, where = ctx.saved_tensors
         g_a = grad * (phi - ctx.eps_c)
@@ -829,6 +831,8 @@ class TaylorFeatures(torch.autograd.Function):
         return _taylor_features(xs)
 
     @staticmethod
+    @torch.autocast("cpu", enabled=False)
+    @torch.autocast("cuda", enabled=False)
     def backward(ctx, grad):
         (xs,) = ctx.saved_tensors
         d = xs.shape[-1]

@@ -218,6 +218,11 @@ class CausalScan(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, d_state):
+        with torch.autocast(d_out.device.type, enabled=False):  # a backward run inside an autocast region
+            return CausalScan._backward(ctx, d_out, d_state)
+
+    @staticmethod
+    def _backward(ctx, d_out, d_state):
         q, k, v, state0 = ctx.saved_tensors
         gq, log_decay, chunk = ctx.gq, ctx.log_decay, ctx.chunk_size
         kw = {"log_decay": log_decay, "chunk_size": chunk}

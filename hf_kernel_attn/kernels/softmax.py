@@ -186,6 +186,7 @@ class SoftmaxKernel(Kernel):
 
     name = "softmax"
     options_cls = SoftmaxOptions
+    full_precision = False  # the host's own attention, autocast included
     paper = "Vaswani et al., 2017, Attention Is All You Need; sinks: Xiao et al., 2024, StreamingLLM"
 
     @property

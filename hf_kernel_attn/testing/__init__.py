@@ -1,0 +1,1 @@
+"""Test helpers shipped with the package: the architecture coverage harness (:mod:`.architectures`)."""
