@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 import reference as ref  # noqa: E402
-from test_kernels import D, DV, SCALING, make_kernel, make_mask  # noqa: E402
+from test_kernels import DV, SCALING, D, make_kernel, make_mask  # noqa: E402
 
 import hf_kernel_attn  # noqa: E402
 from hf_kernel_attn.kernels import KERNELS  # noqa: E402
@@ -58,7 +58,7 @@ def _check_autocast_kernel(kern, dtype, causal):
     leaves32 = [t.float().clone().requires_grad_() for t in (q, k, v)]
     out32 = kern(*leaves32, key_mask=mask, causal=causal, scaling=SCALING)
     out32.to(dtype).float().pow(2).sum().backward()
-    for a, b in zip(leaves, leaves32):
+    for a, b in zip(leaves, leaves32, strict=False):
         assert a.grad is not None and torch.isfinite(a.grad).all()
         scale = b.grad.abs().max().item()
         assert (a.grad.float() - b.grad).abs().max().item() <= 4 * eps * scale + 1e-6

@@ -16,6 +16,7 @@ import inspect
 import json
 import os
 import tempfile
+import warnings
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from ..config import CONFIG_KEY, KernelAttentionConfig
 from ..kernels import KERNELS, Kernel, LayerShape, build_kernel, kernel_class
 from . import positions
 from .attention import KERNEL_ATTR, SAVED_NAME
+from .remote_code import forget_remote_code, remove_remote_code, write_remote_code
 
 
 @functools.cache
@@ -147,13 +149,15 @@ def patch(model: nn.Module, kernel: str, layers: Any = None, calibration: Any = 
 
 
 def unpatch(model: nn.Module, attn_implementation: str = "sdpa") -> nn.Module:
-    """Remove every attached kernel and the stored choice; the model runs ``attn_implementation`` again."""
+    """Remove every attached kernel, the stored choice and the remote-code ``auto_map`` entries; the model runs
+    ``attn_implementation`` again (and saves as the stock model)."""
     positions.remove(model)
     for module in attention_modules(model):
         if hasattr(module, KERNEL_ATTR):
             delattr(module, KERNEL_ATTR)
     if hasattr(model.config, CONFIG_KEY):
         delattr(model.config, CONFIG_KEY)
+    forget_remote_code(model.config)
     model.config._attn_implementation_internal = attn_implementation
     return model
 
@@ -170,6 +174,40 @@ def _config_for(impl: str, data: dict | None) -> KernelAttentionConfig:
     return KernelAttentionConfig.create(impl)
 
 
+REQUESTED_ATTR = "_hf_kernel_attn_requested"
+
+
+def _stock_request(model: nn.Module, impl: Any) -> str | None:
+    """The stock attention (``"sdpa"``, ``"eager"``, ...) the caller asked for explicitly, else None. transformers
+    resolves an unset choice to ``"sdpa"`` in ``__init__``; the value before that is recorded in
+    :data:`REQUESTED_ATTR` by the hook on ``_check_and_adjust_attn_implementation``."""
+    requested = getattr(model, REQUESTED_ATTR, impl)
+    if isinstance(requested, dict):
+        requested = requested.get("")
+    if isinstance(requested, str) and requested not in KERNELS and requested != SAVED_NAME:
+        return requested
+    return None
+
+
+def _drop_saved_kernel(model: nn.Module, impl: str, data: dict) -> None:
+    """An explicit stock ``attn_implementation`` on a saved kernel model wins: the model is the base model with
+    that attention, its config forgets the kernel (so it saves as what runs), and its kernel tensors are ignored
+    on load, said once here instead of as transformers' unexpected-keys report."""
+    config = model.config
+    delattr(config, CONFIG_KEY)
+    forget_remote_code(config)
+    ignore = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
+    model._keys_to_ignore_on_load_unexpected = [*ignore, r"\.kernel_attn\."]
+    warnings.warn(
+        f"attn_implementation={impl!r} was requested for a model saved with the hf_kernel_attn kernel "
+        f"{data.get('kernel')!r} (config.{CONFIG_KEY}): it runs {impl!r} attention, the checkpoint's kernel tensors "
+        "(*.kernel_attn.*) are unused, and save_pretrained() saves it as the stock model. Load it without "
+        "attn_implementation to run the kernel.",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
 def sync_from_config(model: nn.Module) -> None:
     """Called after every PreTrainedModel.__init__: attach kernels when the config asks for them."""
     config = getattr(model, "config", None)
@@ -177,6 +215,10 @@ def sync_from_config(model: nn.Module) -> None:
         return
     impl = getattr(config, "_attn_implementation_internal", None)
     data = getattr(config, CONFIG_KEY, None)
+    stock = _stock_request(model, impl) if data else None
+    if stock is not None:
+        _drop_saved_kernel(model, stock, data)
+        return
     if impl in KERNELS:
         kcfg = _config_for(impl, data)
     elif data:  # a saved kernel model (its config names SAVED_NAME, or the name was dropped on save)
@@ -285,11 +327,21 @@ def install_hooks() -> None:
             return None
         return orig_init_weights(self, module, *args, **kwargs)
 
+    orig_check_impl = PreTrainedModel._check_and_adjust_attn_implementation
+
+    @functools.wraps(orig_check_impl)
+    def _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs):
+        if kwargs.get("is_init_check") or (args and args[0] is True):
+            object.__setattr__(self, REQUESTED_ATTR, attn_implementation)  # before nn.Module's registries exist
+        return orig_check_impl(self, attn_implementation, *args, **kwargs)
+
     @functools.wraps(orig_set_impl)
     def set_attn_implementation(self, attn_implementation, *args, **kwargs):
         if isinstance(attn_implementation, str) and attn_implementation in KERNELS:
             apply_config(self, _config_for(attn_implementation, getattr(self.config, CONFIG_KEY, None)))
             return None
+        if getattr(self.config, CONFIG_KEY, None):
+            unpatch(self)  # the model now runs (and saves as) the stock attention asked for
         return orig_set_impl(self, attn_implementation, *args, **kwargs)
 
     @functools.wraps(orig_save)
@@ -301,11 +353,13 @@ def install_hooks() -> None:
                 "`hf-kernel-attn convert-gguf`"
             )
         out = orig_save(self, save_directory, *args, **kwargs)
-        if getattr(self.config, CONFIG_KEY, None) and kwargs.get("is_main_process", True):
+        if not kwargs.get("is_main_process", True):
+            return out
+        if getattr(self.config, CONFIG_KEY, None):
             _mark_saved_config(save_directory)
-            from .remote_code import write_remote_code
-
             write_remote_code(save_directory, self.config)
+        else:
+            remove_remote_code(save_directory)
         return out
 
     if isinstance(orig_finalize, staticmethod):
@@ -337,5 +391,6 @@ def install_hooks() -> None:
     PreTrainedModel.post_init = post_init
     PreTrainedModel._initialize_weights = _initialize_weights
     PreTrainedModel.set_attn_implementation = set_attn_implementation
+    PreTrainedModel._check_and_adjust_attn_implementation = _check_and_adjust_attn_implementation
     PreTrainedModel.save_pretrained = save_pretrained
     _HOOKS_INSTALLED = True

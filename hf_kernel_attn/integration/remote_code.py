@@ -77,3 +77,49 @@ def write_remote_code(save_directory: str | os.PathLike, config: Any) -> None:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def ours(auto_map: Any) -> list[str]:
+    """The auto classes of an ``auto_map`` that point at the module this plugin writes."""
+    if not isinstance(auto_map, dict):
+        return []
+    return [auto for auto, ref in auto_map.items() if isinstance(ref, str) and ref.split(".")[0] == MODULE]
+
+
+def forget_remote_code(config: Any) -> None:
+    """Drop this plugin's ``auto_map`` entries from an in-memory config (a model that no longer runs a kernel)."""
+    auto_map = getattr(config, "auto_map", None)
+    stale = ours(auto_map)
+    if not stale:
+        return
+    kept = {auto: ref for auto, ref in auto_map.items() if auto not in stale}
+    if kept:
+        config.auto_map = kept
+    else:
+        delattr(config, "auto_map")
+
+
+def remove_remote_code(save_directory: str | os.PathLike) -> None:
+    """A saved model without a kernel: remove this plugin's ``auto_map`` entries from its config.json and its
+    module file, so the folder never points ``trust_remote_code`` at a kernel it does not run."""
+    path = os.path.join(save_directory, "config.json")
+    module = os.path.join(save_directory, f"{MODULE}.py")
+    if os.path.exists(module):
+        os.remove(module)
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        data = json.load(f)
+    stale = ours(data.get("auto_map"))
+    if not stale:
+        return
+    kept = {auto: ref for auto, ref in data["auto_map"].items() if auto not in stale}
+    if kept:
+        data["auto_map"] = kept
+    else:
+        del data["auto_map"]
+    fd, tmp = tempfile.mkstemp(dir=save_directory, suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)

@@ -642,6 +642,26 @@ def _copy_sentence_transformers_files(source: Path, target: Path) -> None:
     for sub in source.iterdir():
         if sub.is_dir() and sub.name[:1].isdigit() and "_" in sub.name:
             shutil.copytree(sub, target / sub.name, dirs_exist_ok=True)
+    # every module folder modules.json names exists, even one without files of its own (Normalize)
+    for path in _module_paths(source / "modules.json"):
+        (target / path).mkdir(parents=True, exist_ok=True)
+
+
+def _module_paths(modules_json: Path) -> list[str]:
+    """The non-empty relative ``path`` entries of a sentence-transformers ``modules.json`` (none if absent)."""
+    if not modules_json.is_file():
+        return []
+    try:
+        entries = json.loads(modules_json.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{modules_json} is not valid JSON ({exc}); it should list the sentence-transformers "
+                         "modules") from exc
+    paths = []
+    for entry in entries if isinstance(entries, list) else []:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if isinstance(path, str) and path and not Path(path).is_absolute() and ".." not in Path(path).parts:
+            paths.append(path)
+    return paths
 
 
 def finetune(config: dict[str, Any], resume: bool = False) -> Path:
