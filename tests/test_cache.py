@@ -143,7 +143,8 @@ def test_training_and_no_cache_paths_stay_stateless():
         out = model(ids, cache=cache, use_cache=True).logits
     assert cache.get_seq_length() == 9 and all(layer.state is not None for layer in cache.layers)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
-    # plain forwards (transformers builds a DynamicCache itself): no recurrent state, nothing kept between calls
+    # plain forwards that cache (the config's use_cache, eval mode) get a fresh recurrent cache each: nothing is
+    # kept between calls
     calls = []
     orig = RecurrentStateLayer.attend
     RecurrentStateLayer.attend = lambda self, *a, **k: calls.append(1) or orig(self, *a, **k)
@@ -153,8 +154,47 @@ def test_training_and_no_cache_paths_stay_stateless():
             again = model(other).logits
     finally:
         RecurrentStateLayer.attend = orig
-    assert not calls
+    assert calls
     assert torch.equal(again, fresh_other)
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("kernel,params", [("hedgehog", {"window": 64}), ("elu", {})], ids=["hedgehog-w64", "elu"])
+def test_plain_forward_that_caches_returns_the_recurrent_cache(kernel, params, smollm2, fresh):
+    """A plain forward with use_cache=True (manual decoding loops, chunked prefill) returns the recurrent cache:
+    its bytes after 128 and after 1,024 tokens are equal (state + W - 1 keys/values); decoding from it by hand
+    equals generate(); a cache the caller passes is used as given."""
+    from transformers import DynamicCache
+
+    fresh(smollm2)
+    hf_kernel_attn.patch(smollm2, kernel=kernel, **params)
+    ids = torch.randint(100, 5000, (1, 1024), generator=torch.Generator().manual_seed(0))
+    sizes = []
+    with torch.no_grad():
+        for n in (128, 1024):
+            cache = smollm2(ids[:, :n], use_cache=True).past_key_values
+            assert isinstance(cache, RecurrentStateCache)
+            sizes.append(cache.nbytes())
+        assert sizes[0] == sizes[1]
+        layer = smollm2.model.layers[0].self_attn
+        kv_heads, head_dim = smollm2.config.num_key_value_heads, layer.head_dim
+        window = params.get("window", 0)
+        feats = layer.kernel_attn.num_features()
+        per_layer = 4 * kv_heads * (feats * (head_dim + 1) + max(0, window - 1) * 2 * head_dim)
+        assert sizes[0] == per_layer * smollm2.config.num_hidden_layers
+        # chunked prefill, then greedy steps by hand, vs generate()
+        prompt = ids[:, :40]
+        cache = smollm2(prompt[:, :25], use_cache=True).past_key_values
+        out = smollm2(prompt[:, 25:], cache=cache, use_cache=True)
+        tokens = []
+        for _ in range(6):
+            nxt = out.logits[:, -1:].argmax(-1)
+            tokens.append(nxt)
+            out = smollm2(nxt, cache=out.past_key_values, use_cache=True)
+        generated = smollm2.generate(prompt, max_new_tokens=6, do_sample=False)
+        assert torch.equal(torch.cat(tokens, 1), generated[:, 40:])
+        given = DynamicCache(config=smollm2.config)
+        assert smollm2(prompt, cache=given, use_cache=True).past_key_values is given
 
 
 def test_cosformer_small_horizon_prefill_and_decode_offsets():

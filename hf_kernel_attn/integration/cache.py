@@ -16,6 +16,8 @@ or one O(F·Dv) update (a decode step) and keeps the final state. A :class:`Wind
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import torch
@@ -338,6 +340,51 @@ class RecurrentStateCache(Cache):
             elif getattr(layer, "is_initialized", False) and layer.keys is not None:
                 total += _bytes(layer.keys, layer.values)
         return total
+
+
+CACHE_KWARGS = ("cache", "past_key_values")
+
+
+def _cache_hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
+    """Forward pre-hook on the base model: a call that will cache (``use_cache``, or the config's default in eval
+    mode) and passes no cache gets a :class:`RecurrentStateCache` instead of the ``DynamicCache`` the model would
+    build, so manual decoding loops and chunked prefill keep constant memory as ``generate()`` does. A cache
+    passed by the caller is used as given."""
+    if any(kwargs.get(name) is not None for name in CACHE_KWARGS) or torch.compiler.is_compiling():
+        return None
+    if len(args) > 1:
+        return None  # inputs beyond input_ids passed positionally: the cache may be among them
+    use_cache = kwargs.get("use_cache")
+    if use_cache is None:
+        use_cache = bool(getattr(getattr(module, "config", None), "use_cache", False)) and not module.training
+    if not use_cache or not wants_state_cache(module):
+        return None
+    return args, {**kwargs, _cache_parameter(type(module)): RecurrentStateCache(module)}
+
+
+@functools.cache
+def _cache_parameter(cls: type) -> str | None:
+    """The name under which ``cls.forward`` takes its cache (``cache`` in transformers 5, else
+    ``past_key_values``), or None."""
+    try:
+        params = inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    return next((name for name in CACHE_KWARGS if name in params), None)
+
+
+def install_cache_hook(target: torch.nn.Module) -> None:
+    """Put :func:`_cache_hook` once on ``target`` (the base model, whose forward builds the cache)."""
+    if _cache_parameter(type(target)) is None:
+        return
+    if not any(h is _cache_hook for h in target._forward_pre_hooks.values()):
+        target.register_forward_pre_hook(_cache_hook, with_kwargs=True)
+
+
+def remove_cache_hook(target: torch.nn.Module) -> None:
+    for key in [k for k, h in target._forward_pre_hooks.items() if h is _cache_hook]:
+        del target._forward_pre_hooks[key]
+        target._forward_pre_hooks_with_kwargs.pop(key, None)
 
 
 def wants_state_cache(model: torch.nn.Module) -> bool:

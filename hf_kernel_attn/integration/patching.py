@@ -26,6 +26,7 @@ from ..config import CONFIG_KEY, KernelAttentionConfig
 from ..kernels import KERNELS, Kernel, LayerShape, build_kernel, kernel_class
 from . import positions
 from .attention import KERNEL_ATTR, SAVED_NAME
+from .cache import install_cache_hook, remove_cache_hook
 from .remote_code import forget_remote_code, remove_remote_code, write_remote_code
 
 
@@ -118,8 +119,12 @@ def apply_config(model: nn.Module, kcfg: KernelAttentionConfig) -> nn.Module:
     setattr(model.config, CONFIG_KEY, kcfg.to_dict())
     model.config._attn_implementation_internal = kcfg.kernel
     if any(getattr(m, "is_causal", False) for m in modules):
-        # a left-padded plain forward gets generate()'s position_ids (integration/positions.py)
+        # a left-padded plain forward gets generate()'s position_ids (integration/positions.py), and a plain
+        # forward that caches gets the recurrent cache (integration/cache.py)
         positions.install(model)
+        target = positions.target_module(model)
+        if target is not None:
+            install_cache_hook(target)
     return model
 
 
@@ -152,6 +157,9 @@ def unpatch(model: nn.Module, attn_implementation: str = "sdpa") -> nn.Module:
     """Remove every attached kernel, the stored choice and the remote-code ``auto_map`` entries; the model runs
     ``attn_implementation`` again (and saves as the stock model)."""
     positions.remove(model)
+    target = positions.target_module(model)
+    if target is not None:
+        remove_cache_hook(target)
     for module in attention_modules(model):
         if hasattr(module, KERNEL_ATTR):
             delattr(module, KERNEL_ATTR)
