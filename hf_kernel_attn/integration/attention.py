@@ -40,7 +40,8 @@ def padding_mask(
     if attention_mask is None:
         return None
     mask = attention_mask[:, -kv_length:].to(torch.bool)
-    if mask.shape[1] == kv_length and bool(mask.all()):
+    # under torch.compile an all-ones mask is passed on as a mask (same numbers, no host sync)
+    if mask.shape[1] == kv_length and not torch.compiler.is_compiling() and bool(mask.all()):
         return None
     return mask
 
@@ -68,6 +69,10 @@ def _is_causal(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
 
 
 def _reject_packed(position_ids: Any, attention_mask: Any, n: int) -> None:
+    """Refuse packed rows (position_ids restarting inside a row); a check torch.compile cannot trace without
+    a host sync, so it is skipped while compiling."""
+    if torch.compiler.is_compiling():
+        return
     if attention_mask is None and isinstance(position_ids, torch.Tensor) and n > 1 and position_ids.shape[-1] > 1:
         if bool((position_ids[..., 1:] < position_ids[..., :-1]).any()):
             raise ValueError(

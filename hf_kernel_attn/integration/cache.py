@@ -227,9 +227,14 @@ class WindowKVLayer(DynamicLayer):
         if self.sinks:
             sink_args = dict(sink_k=self.sink_keys, sink_v=self.sink_values, sink_pos=self.sink_pos,
                              sink_valid=self.sink_valid)
-        out = banded_attention(q, keys, values, window=self.window, scale=scale, causal=True, q_start=start,
-                               k_start=start + n - keys.shape[-2], key_real=None if bool(real.all()) else real,
-                               dropout=dropout, **sink_args)
+        if start == 0 and keys.shape[-2] == n:
+            # the first chunk (a prefill): the kernel's own forward, so a caching forward = a plain one
+            out = kernel(q, k, v, key_mask=None if bool(real.all()) else real, causal=True, scaling=scaling,
+                         dropout=dropout)
+        else:
+            out = banded_attention(q, keys, values, window=self.window, scale=scale, causal=True, q_start=start,
+                                   k_start=start + n - keys.shape[-2], key_real=None if bool(real.all()) else real,
+                                   dropout=dropout, **sink_args)
         keep = min(keys.shape[-2], self.window - 1)
         cut = keys.shape[-2] - keep
         # copies, so that the prefill's whole K/V is not kept alive through a view

@@ -88,8 +88,8 @@ def _hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple
     mask = arguments.get("attention_mask")
     if arguments.get("position_ids") is not None or not isinstance(mask, torch.Tensor) or mask.dim() != 2:
         return None
-    if bool(mask.to(torch.bool).all()):
-        return None  # no padding: the model's own arange is already right
+    if not torch.compiler.is_compiling() and bool(mask.to(torch.bool).all()):
+        return None  # no padding: the model's own arange is already right (compiled: derived anyway, equal)
     new = _new_tokens(arguments)
     if new is None:
         return None

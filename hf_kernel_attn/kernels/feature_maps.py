@@ -121,18 +121,21 @@ class LinearKernel(Kernel):
         scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
         if self.window:
             return self._windowed(q, k, v, key_mask, causal, scaling, state, offset, need_state)
-        if not self._needs_grad(q, k, v, state):
-            if not causal and self.log_decay() is None:
-                if self._quadratic_is_cheaper(q, k, v, False, causal=False):
-                    return self._closed_form_attention(q, k, v, key_mask, scaling, offset, causal=False), None
-                return self._bidirectional_blocked(q, k, v, key_mask, scaling, offset), None
-            if not causal and self._decayed_quadratic_is_cheaper(q, k, v):
-                return self._bidirectional_decayed_quadratic(q, k, v, key_mask, scaling, offset), None
-            if causal and state is None and q.shape[-2] == k.shape[-2] and self._quadratic_is_cheaper(
-                    q, k, v, need_state):
-                return self._causal_quadratic(q, k, v, key_mask, scaling, offset, need_state)
-            if causal:
-                return self._causal_blocked(q, k, v, key_mask, scaling, state, offset)
+        # bidirectional: the evaluation order is chosen by cost alone (every form is differentiable), so the
+        # numbers do not depend on the grad mode (reentrant checkpointing recomputes under another one)
+        if not causal and self.log_decay() is None:
+            if self._quadratic_is_cheaper(q, k, v, False, causal=False):
+                return self._closed_form_attention(q, k, v, key_mask, scaling, offset, causal=False), None
+            return self._bidirectional_blocked(q, k, v, key_mask, scaling, offset), None
+        if not causal and self._decayed_quadratic_is_cheaper(q, k, v):
+            return self._bidirectional_decayed_quadratic(q, k, v, key_mask, scaling, offset), None
+        # (a closed form's quadratic causal form too: where it is the cheaper order, N ≲ 2F, its autograd memory
+        # of N² scores is within about twice the features' F·N; F = 2,145 for taylor at D = 64)
+        if causal and state is None and q.shape[-2] == k.shape[-2] and self._quadratic_is_cheaper(
+                q, k, v, need_state):
+            return self._causal_quadratic(q, k, v, key_mask, scaling, offset, need_state)
+        if causal and not self._needs_grad(q, k, v, state):
+            return self._causal_blocked(q, k, v, key_mask, scaling, state, offset)
         fq, fk = self.features(q, k, scaling, offset)
         if key_mask is not None:
             fk = fk * key_mask[:, None, :, None].to(fk.dtype)
@@ -230,7 +233,7 @@ class LinearKernel(Kernel):
             if s_aug is None:
                 s_aug = fk.new_zeros(b * hkv, fk.shape[-1], dv + 1)
             v3 = linear.with_ones(accum(v[:, :, start:end])).view(b * hkv, end - start, dv + 1)
-            s_aug.baddbmm_(fk.transpose(1, 2), v3)
+            s_aug = s_aug.baddbmm(fk.transpose(1, 2), v3) if fk.requires_grad else s_aug.baddbmm_(fk.transpose(1, 2), v3)
         return s_aug
 
     def _write_normalized(self, out, start, o):
@@ -242,7 +245,11 @@ class LinearKernel(Kernel):
         length = o.shape[1] // g
         o = o.view(b, hkv, length, g, dv + 1)
         target = out[:, start:start + length].view(b, length, hkv, g, dv).transpose(1, 2)
-        torch.div(o[..., :dv], o[..., dv:].clamp_min(self.options.eps), out=target)
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and o.requires_grad):
+            # autograd and dynamo take no out= (the same numbers, one temporary more)
+            target.copy_(o[..., :dv] / o[..., dv:].clamp_min(self.options.eps))
+        else:
+            torch.div(o[..., :dv], o[..., dv:].clamp_min(self.options.eps), out=target)
 
     def _closed_form_attention(self, q, k, v, key_mask, scaling, offset, causal):
         """Attention straight from the closed form, a block of queries at a time against every key
@@ -266,9 +273,10 @@ class LinearKernel(Kernel):
             keys = end if causal else m
             scores = closed.fn(torch.bmm(qp[:, start * g:end * g], kt[:, :, :keys]))
             if causal:
-                scores[:, :, start:end].mul_(tril[:(end - start) * g, :end - start])
+                scores = torch.cat([scores[:, :, :start], scores[:, :, start:end] * tril[:(end - start) * g,
+                                                                                          :end - start]], -1)
             if weight is not None:
-                scores.mul_(weight[:, None, :keys])
+                scores = scores * weight[:, None, :keys]
             self._write_normalized(out, start, torch.bmm(scores, v3[:, :keys]))
         return out
 
@@ -317,8 +325,8 @@ class LinearKernel(Kernel):
         return out
 
     def _bidirectional_blocked(self, q, k, v, key_mask, scaling, offset):
-        """Bidirectional forward without autograd: S = Σ φ(k)[v, 1]ᵀ over blocks of keys, then φ(q) S and
-        the normalisation over blocks of queries; no temporary grows with N."""
+        """Bidirectional forward: S = Σ φ(k)[v, 1]ᵀ over blocks of keys, then φ(q) S and the normalisation over
+        blocks of queries; without autograd no temporary grows with N."""
         b, hq, n, _ = q.shape
         hkv, m, dv = k.shape[1], k.shape[-2], v.shape[-1]
         self.check_positions(offset + m)
@@ -722,17 +730,12 @@ class HedgehogKernel(LinearKernel):
 
     @staticmethod
     def _map(x, w, b, scaling):
-        """p = s^1/2 x W + b, then a softmax over each half of [p, -p]. With autograd, p and -p come from
-        one matmul with [W, -W]; without, -p is written next to p (half the matmul work)."""
+        """p = s^1/2 x W + b, then a softmax over each half of [p, -p] (one matmul for p; the same numbers with and
+        without autograd)."""
         w, b = accum(w), accum(b)
         f = w.shape[-1]
-        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad):
-            p = x @ (torch.cat([w, -w], -1) * math.sqrt(scaling)) + torch.cat([b, -b], -1)[..., None, :]
-        else:
-            half = (x @ (w * math.sqrt(scaling))).add_(b[..., None, :])
-            p = half.new_empty(*half.shape[:-1], 2 * f)
-            p[..., :f] = half
-            torch.neg(half, out=p[..., f:])
+        half = x @ (w * math.sqrt(scaling)) + b[..., None, :]
+        p = torch.cat([half, -half], -1)
         return torch.softmax(p.view(*p.shape[:-1], 2, f), -1).view(p.shape)
 
     def feature_q(self, q, pos, scaling):
@@ -814,7 +817,7 @@ def _taylor_features(xs: torch.Tensor) -> torch.Tensor:
     out[..., 1:d + 1] = xs
     offset = d + 1
     for r in range(d):
-        torch.mul(xs[..., r:r + 1], xs[..., r:], out=out[..., offset:offset + d - r])
+        out[..., offset:offset + d - r] = xs[..., r:r + 1] * xs[..., r:]
         out[..., offset].mul_(math.sqrt(0.5))
         offset += d - r
     return out

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from .base import accum, ungroup_output
 from .linear import LinearState, accumulate, with_ones
 
-# no-grad: query chunks per block sized so that one block's band scores (256 KiB) stay in cache
-BAND_SCORE_VALUES = 1 << 16
+# without autograd: query chunks per block sized so that one block's band scores stay at 4 MiB
+BAND_SCORE_VALUES = 1 << 20
 
 
 def chunk_length(window: int, chunk_size: int, length: int) -> tuple[int, int]:
@@ -137,8 +137,7 @@ def hybrid_attention(
     outside = dist >= window if causal else dist.abs() >= window
     hidden = ~in_window
     # the kernel scores are needed only in the columns that hold a key outside some query's window
-    cols = outside.any(0).nonzero().flatten().tolist()
-    lo, hi = (cols[0], cols[-1] + 1) if cols else (0, 0)
+    lo, hi = _outside_span(c, width, lag, window, causal)
     band_weight = outside[:, lo:hi].to(q.dtype).expand(hkv, -1, -1)
     if decay is not None:
         band_weight = _decay_table(decay, dist.abs().to(q.dtype))[..., lo:hi] * band_weight  # [Hkv, C, cols]
@@ -148,44 +147,53 @@ def hybrid_attention(
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, fq, fk, s0, log_mix) if t is not None)
 
     tiny = torch.finfo(q.dtype).tiny
-    if grad:
-        # autograd: every (batch, KV head, chunk) at once, the G query heads of a KV head stacked as the rows
-        # of its chunk (so no operand is broadcast over G and the backward has no G-sums); the band views
-        # are materialised by the matmuls, which is cheap at training lengths
-        def rows(x: torch.Tensor) -> torch.Tensor:  # [B, Hkv, G, nc, C, ·] -> [B, Hkv, nc, G·C, ·]
-            return x.transpose(2, 3).reshape(b, hkv, chunks, g * c, x.shape[-1])
 
-        def per_row(t: torch.Tensor) -> torch.Tensor:  # [Hkv, C, ·] -> [1, Hkv, 1, G·C, ·]
-            return t.repeat(1, g, 1).unsqueeze(1).unsqueeze(0)
+    # every (batch, KV head, chunk) at once, the G query heads of a KV head stacked as the rows of its chunk (so no
+    # operand is broadcast over G and the backward has no G-sums); the bands are strided views of the padded keys
+    # (unfold with step C). Without autograd ``blocked`` takes the chunks a block at a time (bounded temporaries):
+    # the same batched matmuls on fewer batch entries, so the numbers do not depend on the grad mode.
+    def rows(x: torch.Tensor) -> torch.Tensor:  # [B, Hkv, G, nc, C, ·] -> [B, Hkv, nc, G·C, ·]
+        return x.transpose(2, 3).reshape(b, hkv, chunks, g * c, x.shape[-1])
 
-        q_rows, f_rows = rows(qc), rows(fqc)
-        k_band = kp.unfold(2, width, c)[:, :, :chunks]  # [B, Hkv, nc, D, W']
-        fk_band = fkp.unfold(2, width, c)[:, :, :chunks, :, lo:hi]  # [B, Hkv, nc, F, cols]
-        v_band = vp.unfold(2, width, c)[:, :, :chunks].transpose(-1, -2)  # [B, Hkv, nc, W', Dv + 1]
-        logits = q_rows @ k_band  # [B, Hkv, nc, G·C, W'], s q·k
-        mask = hidden.repeat(g, 1)
-        if key_mask is not None:
-            mask = mask | ~(kwp.unfold(1, width, c)[:, None, :chunks, None] > 0)
+    def per_row(t: torch.Tensor) -> torch.Tensor:  # [Hkv, C, ·] -> [1, Hkv, 1, G·C, ·]
+        return t.repeat(1, g, 1).unsqueeze(1).unsqueeze(0)
+
+    q_rows, f_rows = rows(qc), rows(fqc)
+    k_bands = kp.unfold(2, width, c)  # [B, Hkv, ≥nc, D, W']
+    fk_bands = fkp.unfold(2, width, c)[..., lo:hi]  # [B, Hkv, ≥nc, F, cols]
+    v_bands = vp.unfold(2, width, c).transpose(-1, -2)  # [B, Hkv, ≥nc, W', Dv + 1]
+    real_bands = None if key_mask is None else kwp.unfold(1, width, c)[:, None, :, None] > 0  # [B, 1, ≥nc, 1, W']
+    hidden_rows = hidden.repeat(g, 1)
+    weight_rows = per_row(band_weight)
+    mix_rows = None if mix is None else mix.repeat_interleave(c, 1).view(1, hkv, 1, g * c, 1)
+    prefix_rows = None if q_to_prefix is None else per_row(q_to_prefix)
+    suffix_rows = None if q_to_suffix is None else per_row(q_to_suffix)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, fq, fk, s0, log_mix) if t is not None)
+    step = chunks if grad or not blocked else max(1, BAND_SCORE_VALUES // (b * hkv * g * c * width))
+    outs = []
+    for c0 in range(0, chunks, step):
+        c1 = min(chunks, c0 + step)
+        logits = q_rows[:, :, c0:c1] @ k_bands[:, :, c0:c1]  # [B, Hkv, nb, G·C, W'], s q·k
+        mask = hidden_rows if real_bands is None else hidden_rows | ~real_bands[:, :, c0:c1]
         logits = logits.masked_fill(mask, float("-inf"))
         top = logits.amax(-1, keepdim=True).clamp_min(0).detach()
         far_scale = torch.exp(-top)
-        if mix is not None:
-            far_scale = far_scale * mix.repeat_interleave(c, 1).view(1, hkv, 1, g * c, 1)
-        far = f_rows @ prefix_states
-        if q_to_prefix is not None:
-            far = far * per_row(q_to_prefix)
+        if mix_rows is not None:
+            far_scale = far_scale * mix_rows
+        fr = f_rows[:, :, c0:c1]
+        far = fr @ prefix_states[:, :, c0:c1]
+        if prefix_rows is not None:
+            far = far * prefix_rows
         if suffix_states is not None:
-            from_suffix = f_rows @ suffix_states
-            far = far + (from_suffix if q_to_suffix is None else from_suffix * per_row(q_to_suffix))
-        o = far * far_scale + torch.exp(logits - top) @ v_band
+            from_suffix = fr @ suffix_states[:, :, c0:c1]
+            far = far + (from_suffix if suffix_rows is None else from_suffix * suffix_rows)
+        vb = v_bands[:, :, c0:c1]
+        o = far * far_scale + torch.exp(logits - top) @ vb
         if hi > lo:
-            o = o + ((f_rows @ fk_band) * per_row(band_weight) * far_scale) @ v_band[..., lo:hi, :]
-        out = (o[..., :dv] / o[..., dv:].clamp_min(tiny)).view(b, hkv, chunks, g, c, dv).transpose(2, 3)
-    else:
-        out = torch.empty(b, hkv, g, chunks, c, dv, dtype=q.dtype, device=q.device)
-        _hybrid_blocks(out, qc, fqc, kp, fkp, vp, kwp if key_mask is not None else None, prefix_states,
-                       suffix_states, hidden, band_weight, mix, q_to_prefix, q_to_suffix, lo, hi, width, c,
-                       step=chunks if not blocked else max(1, BAND_SCORE_VALUES // (c * width)))
+            o = o + ((fr @ fk_bands[:, :, c0:c1]) * weight_rows * far_scale) @ vb[..., lo:hi, :]
+        outs.append(o[..., :dv] / o[..., dv:].clamp_min(tiny))
+    o = outs[0] if len(outs) == 1 else torch.cat(outs, 2)
+    out = o.view(b, hkv, chunks, g, c, dv).transpose(2, 3)
     res = ungroup_output(out.reshape(b, hkv, g, padded, dv)[:, :, :, prefix:prefix + n])
     res = res.to(out_dtype)
     if not (causal and need_state):
@@ -198,41 +206,12 @@ def hybrid_attention(
     return res, new_state
 
 
-def _hybrid_blocks(out, qc, fqc, kp, fkp, vp, kwp, prefix_states, suffix_states, hidden, band_weight, mix,
-                   q_to_prefix, q_to_suffix, lo, hi, width, c, step) -> None:
-    """The no-grad evaluation of :func:`hybrid_attention`, written into ``out`` ``[B, Hkv, G, chunks, C, Dv]``:
-    per (batch, KV head) the band of every query chunk is a strided view of the padded keys (unfold with
-    step C) that batched matmuls read in place; per query head, ``step`` chunks at a time (cache-sized)."""
-    b, hkv, g, chunks, _, dv = out.shape
-    tiny = torch.finfo(out.dtype).tiny
-    for bi in range(b):
-        real_band = None if kwp is None else kwp[bi].unfold(0, width, c) > 0  # [≥chunks, W']
-        for h in range(hkv):
-            k_band = kp[bi, h].unfold(0, width, c)  # [≥chunks, D, W']: s kᵀ of each band
-            fk_band = fkp[bi, h].unfold(0, width, c)[..., lo:hi]  # [≥chunks, F, cols]
-            v_band = vp[bi, h].unfold(0, width, c).transpose(-1, -2)  # [≥chunks, W', Dv + 1]
-            for gi in range(g):
-                for c0 in range(0, chunks, step):
-                    c1 = min(chunks, c0 + step)
-                    rows_q, rows_f = qc[bi, h, gi, c0:c1], fqc[bi, h, gi, c0:c1]  # [nb, C, D], [nb, C, F]
-                    logits = torch.bmm(rows_q, k_band[c0:c1])  # [nb, C, W'], s q·k
-                    mask = hidden if real_band is None else hidden | ~real_band[c0:c1, None, :]
-                    top = logits.masked_fill_(mask, float("-inf")).amax(-1, keepdim=True).clamp_min_(0)
-                    weights = logits.sub_(top).exp_()
-                    far_scale = torch.exp(-top)
-                    if mix is not None:
-                        far_scale.mul_(mix[h, gi])
-                    far = torch.bmm(rows_f, prefix_states[bi, h, c0:c1])
-                    if q_to_prefix is not None:
-                        far.mul_(q_to_prefix[h])
-                    if suffix_states is not None:
-                        from_suffix = torch.bmm(rows_f, suffix_states[bi, h, c0:c1])
-                        far.add_(from_suffix if q_to_suffix is None else from_suffix.mul_(q_to_suffix[h]))
-                    if hi > lo:
-                        scores = torch.bmm(rows_f, fk_band[c0:c1])
-                        weights[..., lo:hi].addcmul_(scores.mul_(far_scale), band_weight[h])
-                    o = torch.baddbmm(far.mul_(far_scale), weights, v_band[c0:c1])
-                    torch.div(o[..., :dv], o[..., dv:].clamp_min_(tiny), out=out[bi, h, gi, c0:c1])
+def _outside_span(c: int, width: int, lag: int, window: int, causal: bool) -> tuple[int, int]:
+    """[lo, hi): the band columns holding a key outside the window of some query of the chunk, from the
+    integers alone (query a, column b: distance a - b + L·C), so that no tensor is read back (torch.compile)."""
+    cols = [col for col in range(width)
+            if c - 1 - col + lag * c >= window or (not causal and lag * c - col <= -window)]
+    return (cols[0], cols[-1] + 1) if cols else (0, 0)
 
 
 def _running(u: torch.Tensor, s0: torch.Tensor | None, decay: torch.Tensor | None, c: int,
@@ -240,22 +219,19 @@ def _running(u: torch.Tensor, s0: torch.Tensor | None, decay: torch.Tensor | Non
     """Exclusive running sums over the chunks (dim 2; dim 1 is the KV head): out[0] = s0 (or 0),
     out[x] = γ^C (out[x - 1] + u[x - 1]). With ``first_carry`` the sums are inclusive and decayed once more:
     out[x] = γ^C (out[x - 1] + u[x]), out[-1] = 0 (the suffix states, from chunk sums two chunks away)."""
-    if decay is None and not torch.is_grad_enabled():
-        # a loop of adds into one buffer: 2-3x faster than cumsum along a middle dimension on CPU
-        out = torch.empty_like(u)
-        acc = torch.zeros_like(u[:, :, 0]) if s0 is None or first_carry else s0.clone()
+    if u.shape[2] == 0:
+        return u
+    if decay is None:
+        # sequential adds, the same in every grad mode (a cumsum sums in another order)
+        outs = []
+        acc = torch.zeros_like(u[:, :, 0]) if s0 is None or first_carry else s0
         for i in range(u.shape[2]):
             if first_carry:
-                acc.add_(u[:, :, i])
-            out[:, :, i] = acc
+                acc = acc + u[:, :, i]
+            outs.append(acc)
             if not first_carry:
-                acc.add_(u[:, :, i])
-        return out
-    if decay is None:
-        if first_carry:
-            return u.cumsum(2)
-        shifted = F.pad(u[:, :, :-1], (0, 0, 0, 0, 1, 0)).cumsum(2)
-        return shifted if s0 is None else shifted + s0.unsqueeze(2)
+                acc = acc + u[:, :, i]
+        return torch.stack(outs, 2) if outs else u
     carry = torch.exp(decay * c).view(-1, 1, 1)
     outs = []
     if first_carry:
