@@ -93,5 +93,5 @@ def test_compiled_equals_eager_forward_and_backward(tiny_llama, case):
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert len(grads) == len(eager_grads)
     torch.testing.assert_close(loss, eager_loss, atol=1e-6, rtol=1e-6)
-    for a, b in zip(grads, eager_grads):
+    for a, b in zip(grads, eager_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

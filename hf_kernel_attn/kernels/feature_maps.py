@@ -233,7 +233,8 @@ class LinearKernel(Kernel):
             if s_aug is None:
                 s_aug = fk.new_zeros(b * hkv, fk.shape[-1], dv + 1)
             v3 = linear.with_ones(accum(v[:, :, start:end])).view(b * hkv, end - start, dv + 1)
-            s_aug = s_aug.baddbmm(fk.transpose(1, 2), v3) if fk.requires_grad else s_aug.baddbmm_(fk.transpose(1, 2), v3)
+            fkt = fk.transpose(1, 2)
+            s_aug = s_aug.baddbmm(fkt, v3) if fk.requires_grad else s_aug.baddbmm_(fkt, v3)
         return s_aug
 
     def _write_normalized(self, out, start, o):
