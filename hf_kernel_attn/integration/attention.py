@@ -22,7 +22,7 @@ KERNEL_ATTR = "kernel_attn"
 # Written as attn_implementation into a saved config.json: without the plugin imported, transformers
 # refuses it and its error message names this string.
 SAVED_NAME = "hf_kernel_attn(import hf_kernel_attn before loading)"
-UNSUPPORTED_KWARGS = ("sliding_window", "softcap", "s_aux", "position_bias")
+UNSUPPORTED_KWARGS = ("sliding_window", "softcap", "s_aux")
 
 
 def padding_mask(
@@ -44,6 +44,12 @@ def padding_mask(
     if mask.shape[1] == kv_length and not torch.compiler.is_compiling() and bool(mask.all()):
         return None
     return mask
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {list(value.shape)}"
+    return repr(value)
 
 
 def _key_mask(attention_mask: Any, kv_length: int) -> torch.Tensor | None:
@@ -99,7 +105,14 @@ def attention_forward(
         )
     for name in UNSUPPORTED_KWARGS:
         if kwargs.get(name) is not None:
-            raise ValueError(f"hf_kernel_attn kernels do not implement {name!r} (got {kwargs[name]!r})")
+            raise ValueError(f"hf_kernel_attn kernels do not implement {name!r} (got {_describe(kwargs[name])}); "
+                             f"{type(module).__name__} needs it")
+    bias = kwargs.get("position_bias")
+    if bias is not None and not teacher_kernel(kernel).supports_bias:
+        able = sorted(n for n, c in KERNELS.items() if c.supports_bias)
+        raise ValueError(f"kernel {kernel.name!r} cannot take the additive position bias of "
+                         f"{type(module).__name__} ({_describe(bias)}): it has no logits to add it to; kernels that "
+                         f"can: {able}")
     _reject_packed(kwargs.get("position_ids"), attention_mask, query.shape[-2])
     key_mask = _key_mask(attention_mask, key.shape[-2])
     causal = _is_causal(module, kwargs)
@@ -117,7 +130,9 @@ def attention_forward(
         # its sinks and recent keys and reads the new tokens' padding from the raw 2-D mask
         return window_layer.attend(kernel, query, key, value, attention_mask=attention_mask, causal=causal,
                                    scaling=scaling, dropout=dropout), None
-    return kernel(query, key, value, key_mask=key_mask, causal=causal, scaling=scaling, dropout=dropout), None
+    extra = {} if bias is None else {"bias": bias}
+    return kernel(query, key, value, key_mask=key_mask, causal=causal, scaling=scaling, dropout=dropout,
+                  **extra), None
 
 
 def register() -> None:

@@ -117,7 +117,7 @@ def apply_config(model: nn.Module, kcfg: KernelAttentionConfig) -> nn.Module:
     _check_model(model, modules, kcfg)
     _attach(model, modules, kcfg)
     setattr(model.config, CONFIG_KEY, kcfg.to_dict())
-    model.config._attn_implementation_internal = kcfg.kernel
+    _set_attention_name(model, modules, kcfg.kernel)
     if any(getattr(m, "is_causal", False) for m in modules):
         # a left-padded plain forward gets generate()'s position_ids (integration/positions.py), and a plain
         # forward that caches gets the recurrent cache (integration/cache.py)
@@ -126,6 +126,18 @@ def apply_config(model: nn.Module, kcfg: KernelAttentionConfig) -> nn.Module:
         if target is not None:
             install_cache_hook(target)
     return model
+
+
+def _set_attention_name(model: nn.Module, modules: list[nn.Module], name: str) -> None:
+    """Select ``name`` in the model's config and in every config object its attention modules read (T5 gives
+    its encoder and decoder stacks copies of the config)."""
+    model.config._attn_implementation_internal = name
+    seen = {id(model.config)}
+    for module in modules:
+        config = getattr(module, "config", None)
+        if config is not None and id(config) not in seen and hasattr(config, "_attn_implementation_internal"):
+            seen.add(id(config))
+            config._attn_implementation_internal = name
 
 
 def num_attention_layers(model: nn.Module) -> int:
@@ -166,7 +178,7 @@ def unpatch(model: nn.Module, attn_implementation: str = "sdpa") -> nn.Module:
     if hasattr(model.config, CONFIG_KEY):
         delattr(model.config, CONFIG_KEY)
     forget_remote_code(model.config)
-    model.config._attn_implementation_internal = attn_implementation
+    _set_attention_name(model, attention_modules(model), attn_implementation)
     return model
 
 

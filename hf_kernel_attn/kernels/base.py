@@ -99,6 +99,8 @@ class Kernel(nn.Module):
     supports_causal: ClassVar[bool] = True
     supports_bidirectional: ClassVar[bool] = True
     is_linear: ClassVar[bool] = False
+    # forward takes ``bias``: an additive logit bias [B or 1, Hq, N, M] (T5's relative position bias)
+    supports_bias: ClassVar[bool] = False
     full_precision: ClassVar[bool] = True
     paper: ClassVar[str] = ""
 

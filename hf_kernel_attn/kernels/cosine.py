@@ -60,7 +60,9 @@ class CosineKernel(Kernel):
         with torch.no_grad():
             self.log_gain.fill_(math.log(g0))
 
-    def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0):
+    supports_bias = True
+
+    def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0, bias=None):
         self.check_inputs(q, k, v, causal)
         if q.shape[1] != self.log_gain.numel():
             raise ValueError(f"cosine kernel was built for {self.log_gain.numel()} heads, got {q.shape[1]}")
@@ -75,4 +77,4 @@ class CosineKernel(Kernel):
         # fp32 scores: the gain (≈ log2 L², ~20) turns a half-precision rounding of the unit vectors into
         # logit errors of ~0.1
         return fused_attention(qn, kn, accum(v), key_mask=key_mask, causal=causal, scale=1.0,
-                               dropout=dropout).to(dtype)
+                               dropout=dropout, bias=None if bias is None else accum(bias)).to(dtype)

@@ -84,7 +84,9 @@ class GaussianKernel(Kernel):
             base = head_dim**-0.5 if scaling is None else scaling
         return base * self.log_gain.float().exp()  # [Hq]
 
-    def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0):
+    supports_bias = True
+
+    def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0, bias=None):
         self.check_inputs(q, k, v, causal)
         if q.shape[1] != self.log_gain.numel():
             raise ValueError(f"gaussian kernel was built for {self.log_gain.numel()} heads, got {q.shape[1]}")
@@ -96,27 +98,31 @@ class GaussianKernel(Kernel):
             q, k = augment_keys(q, k)
         inv = self.inv_sigma_sq(scaling, head_dim)[None, :, None, None]
         if not self.options.normalize:
+            if bias is not None:
+                raise ValueError("gaussian with normalize=False takes no additive position bias; use normalize=True")
             return unnormalized_gaussian(q, k, v, inv, key_mask=key_mask, causal=causal).to(dtype)
-        return normalized_gaussian(q, k, v, inv, key_mask=key_mask, causal=causal, dropout=dropout).to(dtype)
+        return normalized_gaussian(q, k, v, inv, key_mask=key_mask, causal=causal, dropout=dropout,
+                                   bias=bias).to(dtype)
 
 
 def normalized_gaussian(q, k, v, inv: torch.Tensor | float, *, key_mask=None, causal=False,
-                        dropout: float = 0.0) -> torch.Tensor:
+                        dropout: float = 0.0, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Row-normalised exp(-inv ||q_i - k_j||²/2) attention as one fused SDPA call: softmax over
     q'' = [q, 1]·inv, k'' = [k, -||k||²/2] (``inv`` a float or ``[1, Hq, 1, 1]``); returns fp32
     ``[B, N, Hq, Dv]``."""
     # fp32 throughout: the key-norm bias is large, and a data-dependent shift to tame it in low
     # precision would let later keys perturb earlier rows' rounding
     kf = k.float()
-    bias = -kf.pow(2).sum(-1, keepdim=True) / 2
+    norm_term = -kf.pow(2).sum(-1, keepdim=True) / 2
     q2 = torch.cat([q.float(), torch.ones_like(q[..., :1], dtype=torch.float32)], -1) * inv
-    k2 = torch.cat([kf, bias], -1)
+    k2 = torch.cat([kf, norm_term], -1)
     # torch's fused CPU kernels need equal q/k and v head dims: pad v with zeros, drop them after
     vf = v.float()
     pad = q2.shape[-1] - vf.shape[-1]
     if pad > 0:
         vf = torch.cat([vf, vf.new_zeros(*vf.shape[:-1], pad)], -1)
-    out = fused_attention(q2, k2, vf, key_mask=key_mask, causal=causal, scale=1.0, dropout=dropout)
+    out = fused_attention(q2, k2, vf, key_mask=key_mask, causal=causal, scale=1.0, dropout=dropout,
+                          bias=None if bias is None else bias.float())
     return out[..., : v.shape[-1]]
 
 

@@ -40,10 +40,20 @@ def fused_attention(
     causal: bool,
     scale: float,
     dropout: float = 0.0,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """softmax(scale * q kᵀ + mask) v through SDPA; returns ``[B, N, Hq, Dv]``."""
+    """softmax(scale * q kᵀ + bias + mask) v through SDPA (``bias`` an additive float ``[B or 1, Hq, N, M]``);
+    returns ``[B, N, Hq, Dv]``."""
     n, m = q.shape[-2], k.shape[-2]
     gqa = q.shape[1] != k.shape[1]
+    if bias is not None:
+        vis = visibility_mask(key_mask, n, m, causal, q.device)
+        float_mask = bias.to(q.dtype)
+        if vis is not None:
+            float_mask = float_mask.masked_fill(~vis, float("-inf"))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, scale=scale, dropout_p=dropout,
+                                             enable_gqa=gqa)
+        return out.transpose(1, 2).contiguous()
     if key_mask is None and (not causal or n == m or n == 1):
         out = F.scaled_dot_product_attention(
             q, k, v, is_causal=causal and n == m and n > 1, scale=scale, dropout_p=dropout, enable_gqa=gqa
@@ -187,6 +197,7 @@ class SoftmaxKernel(Kernel):
     name = "softmax"
     options_cls = SoftmaxOptions
     full_precision = False  # the host's own attention, autocast included
+    supports_bias = True
     paper = "Vaswani et al., 2017, Attention Is All You Need; sinks: Xiao et al., 2024, StreamingLLM"
 
     @property
@@ -197,10 +208,13 @@ class SoftmaxKernel(Kernel):
     def sinks(self) -> int:
         return self.options.sinks
 
-    def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0):
+    def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0, bias=None):
         self.check_inputs(q, k, v, causal)
         scale = q.shape[-1] ** -0.5 if scaling is None else scaling
         if not self.window or self.window >= k.shape[-2]:  # the window covers every key: plain softmax
-            return fused_attention(q, k, v, key_mask=key_mask, causal=causal, scale=scale, dropout=dropout)
+            return fused_attention(q, k, v, key_mask=key_mask, causal=causal, scale=scale, dropout=dropout,
+                                   bias=bias)
+        if bias is not None:
+            raise ValueError("softmax with a window takes no additive position bias; use window=0")
         return window_attention(q, k, v, window=self.window, sinks=self.sinks, key_mask=key_mask, causal=causal,
                                 scale=scale, dropout=dropout)
