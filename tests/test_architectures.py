@@ -17,19 +17,13 @@ from hf_kernel_attn.testing import architectures as A
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "architectures.md"
 
-SLIDING = "uses sliding-window attention"
 NO_INTERFACE = "does not route its attention through transformers' AttentionInterface"
+POSITION_BIAS = "cannot take the additive position bias"
 # architecture (row name) -> substring of the refusal every non-ok cell must raise
 EXPECTED_ERRORS: dict[str, str] = {
-    "mistral (sliding_window=4)": SLIDING,
-    "ministral": SLIDING,
-    "qwen2 (use_sliding_window)": SLIDING,
-    "gemma2": SLIDING,
-    "gemma3_text": SLIDING,
-    "cohere2": SLIDING,
-    "olmo3": SLIDING,
-    "exaone4": SLIDING,
-    "modernbert": SLIDING,
+    "gemma2": "do not implement 'softcap'",
+    "t5": POSITION_BIAS,  # elu and hedgehog: T5's relative position bias needs logits (softmax/gaussian/cosine run)
+    "mt5": POSITION_BIAS,
     "falcon": NO_INTERFACE,
     "gpt_neo": NO_INTERFACE,
     "bloom": NO_INTERFACE,
@@ -38,13 +32,8 @@ EXPECTED_ERRORS: dict[str, str] = {
     "deberta-v2": NO_INTERFACE,
 }
 # architecture -> (cell status, substring of its error) of a failure that is not a clear refusal
-KNOWN_BUGS: dict[str, tuple[str, str]] = {
-    # T5's encoder and decoder stacks hold deep copies of the config; patch() switches only model.config, so
-    # the attention modules keep running SDPA and the attached kernels are never called
-    "t5": ("not run", "of 6 attached kernels were called"),
-    "mt5": ("not run", "of 6 attached kernels were called"),
-}
-MIN_ALL_OK = 45  # architectures that run all five kernels today (a floor: raise it when more run)
+KNOWN_BUGS: dict[str, tuple[str, str]] = {}
+MIN_ALL_OK = 56  # architectures that run all five kernels today (a floor: raise it when more run)
 
 _ROWS: dict[str, dict] = {}
 
@@ -114,3 +103,83 @@ def test_coverage_and_docs():
     documented = _docs_statuses()
     current = {r["architecture"]: [r["cells"][k]["status"] for k in A.KERNELS] for r in rows}
     assert documented == current, "docs/architectures.md is stale: run python scripts/architecture_table.py"
+
+
+# ----------------------------------------------------------------------- what the table cannot show
+
+
+def test_falcon_refuses_a_kernel_at_load_clearly():
+    """Falcon picks its attention class from its own table: a kernel name at construction used to raise
+    KeyError: 'elu' from inside transformers."""
+    import torch
+    from transformers import AutoConfig, FalconForCausalLM
+
+    cfg = AutoConfig.for_model("falcon", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, vocab_size=100)
+    with pytest.raises(ValueError, match="FalconForCausalLM does not route its attention"):
+        FalconForCausalLM._from_config(cfg, attn_implementation="elu")
+    torch.manual_seed(0)
+    FalconForCausalLM._from_config(cfg, attn_implementation="sdpa")  # the stock choice still loads
+
+
+def _gemma3(**extra):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model("gemma3_text", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=100,
+                               max_position_embeddings=128, sliding_window=4,
+                               layer_types=["sliding_attention", "full_attention"], **extra)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+
+
+def test_sliding_layers_stay_native_unless_a_window_is_asked_for(tmp_path):
+    """Gemma-3-style models: the sliding layer keeps its own window (exact softmax over its 4 keys), only the
+    global layer is converted; window=W converts both (the hybrid); the choice is saved and reloaded."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import hf_kernel_attn
+    from hf_kernel_attn.kernels import SoftmaxKernel
+
+    ids = torch.randint(0, 100, (2, 14), generator=torch.Generator().manual_seed(1))
+    model = _gemma3()
+    hf_kernel_attn.patch(model, kernel="hedgehog")
+    sliding, full = (layer.self_attn.kernel_attn for layer in model.model.layers)
+    assert isinstance(sliding, SoftmaxKernel) and sliding.options.window == 4
+    assert full.name == "hedgehog" and full.options.window == 0
+    with torch.no_grad():
+        logits = model(ids).logits
+        generated = model.generate(ids, max_new_tokens=4, do_sample=False)
+        recomputed = model.generate(ids, max_new_tokens=4, do_sample=False, use_cache=False)
+    assert torch.equal(generated, recomputed)
+    model.save_pretrained(tmp_path)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert again.model.layers[0].self_attn.kernel_attn.options.window == 4
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, logits)
+    both = _gemma3()
+    hf_kernel_attn.patch(both, kernel="hedgehog", window=3)
+    assert all(layer.self_attn.kernel_attn.name == "hedgehog" and layer.self_attn.kernel_attn.options.window == 3
+               for layer in both.model.layers)
+
+
+def test_caching_forward_on_a_model_without_cache_kwargs_keeps_its_own_cache():
+    """GPT-NeoX does not pass its kwargs to cache.update: a caching forward keeps transformers' own cache (correct,
+    growing) instead of failing in the recurrent one; generate() equals recomputation."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+
+    import hf_kernel_attn
+
+    cfg = AutoConfig.for_model("gpt_neox", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, vocab_size=100, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    hf_kernel_attn.patch(model, kernel="elu")
+    ids = torch.randint(0, 100, (1, 10), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        cache = model(ids, use_cache=True).past_key_values
+        assert isinstance(cache, DynamicCache)
+        assert torch.equal(model.generate(ids, max_new_tokens=4, do_sample=False),
+                           model.generate(ids, max_new_tokens=4, do_sample=False, use_cache=False))

@@ -22,7 +22,7 @@ KERNEL_ATTR = "kernel_attn"
 # Written as attn_implementation into a saved config.json: without the plugin imported, transformers
 # refuses it and its error message names this string.
 SAVED_NAME = "hf_kernel_attn(import hf_kernel_attn before loading)"
-UNSUPPORTED_KWARGS = ("sliding_window", "softcap", "s_aux")
+UNSUPPORTED_KWARGS = ("softcap", "s_aux")
 
 
 def padding_mask(
@@ -107,6 +107,12 @@ def attention_forward(
         if kwargs.get(name) is not None:
             raise ValueError(f"hf_kernel_attn kernels do not implement {name!r} (got {_describe(kwargs[name])}); "
                              f"{type(module).__name__} needs it")
+    native = kwargs.get("sliding_window")
+    if native is not None and not getattr(getattr(teacher_kernel(kernel), "options", None), "window", 0):
+        raise ValueError(
+            f"{type(module).__name__} is a sliding-window layer (sliding_window={native}) but its kernel "
+            f"{kernel.name!r} attends to the whole context; patch() keeps such layers as softmax(window={native}) "
+            "unless the kernel is given a window of its own (window=W)")
     bias = kwargs.get("position_bias")
     if bias is not None and not teacher_kernel(kernel).supports_bias:
         able = sorted(n for n, c in KERNELS.items() if c.supports_bias)

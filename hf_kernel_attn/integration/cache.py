@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from typing import Any
 
 import torch
@@ -392,9 +393,26 @@ def remove_cache_hook(target: torch.nn.Module) -> None:
         target._forward_pre_hooks_with_kwargs.pop(key, None)
 
 
+@functools.cache
+def passes_update_kwargs(cls: type) -> bool:
+    """Whether an attention module's forward hands its kwargs to ``cache.update(..., kwargs=...)``, the hook the
+    recurrent cache needs (most transformers 5 models; GPT-NeoX, for one, does not)."""
+    try:
+        src = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return re.search(r"\.update\([^)]*\bkwargs\s*=", src) is not None
+
+
 def wants_state_cache(model: torch.nn.Module) -> bool:
-    """True for a patched model with a linear or windowed-softmax layer (generate builds a RecurrentStateCache)."""
+    """True for a patched model with a linear or windowed-softmax layer whose attention modules pass their
+    kwargs to the cache (generate and caching forwards then build a RecurrentStateCache; other models keep
+    transformers' own cache, which is correct but grows with the context)."""
     from .patching import attention_modules
 
     data = getattr(getattr(model, "config", None), "kernel_attention", None)
-    return bool(data) and any(_wants_layer(getattr(m, KERNEL_ATTR, None)) for m in attention_modules(model))
+    if not data:
+        return False
+    modules = attention_modules(model)
+    return (any(_wants_layer(getattr(m, KERNEL_ATTR, None)) for m in modules)
+            and all(passes_update_kwargs(type(m)) for m in modules))

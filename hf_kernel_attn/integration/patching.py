@@ -15,6 +15,7 @@ import functools
 import inspect
 import json
 import os
+import sys
 import tempfile
 import warnings
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import CONFIG_KEY, KernelAttentionConfig
+from ..config import CONFIG_KEY, KernelAttentionConfig, LayerChoice
 from ..kernels import KERNELS, Kernel, LayerShape, build_kernel, kernel_class
 from . import positions
 from .attention import KERNEL_ATTR, SAVED_NAME
@@ -65,23 +66,29 @@ def layer_shape(config: Any, module: nn.Module, idx: int) -> LayerShape:
     return LayerShape(int(heads), int(kv_heads), int(head_dim), idx, int(max_pos))
 
 
+def _no_interface_message(name: str) -> str:
+    return (f"{name} does not route its attention through transformers' AttentionInterface, so hf_kernel_attn "
+            "cannot swap its kernel (supported: Llama/SmolLM2, Qwen2, Mistral, GPT-2, BERT/MiniLM, T5, and the other "
+            "models whose attention calls ALL_ATTENTION_FUNCTIONS; docs/architectures.md lists the tested ones)")
+
+
+@functools.cache
+def module_uses_interface(cls: type) -> bool:
+    """Whether the modeling file of a model class calls transformers' AttentionInterface at all (Falcon, BLOOM,
+    GPT-Neo do not: they pick attention classes from their own table, which knows no kernel name)."""
+    module = sys.modules.get(cls.__module__)
+    try:
+        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(module)
+    except (OSError, TypeError):
+        return True  # no source to read: let the per-module check decide after __init__
+
+
 def _check_model(model: nn.Module, modules: list[nn.Module], kcfg: KernelAttentionConfig) -> None:
     if not modules:
-        raise ValueError(
-            f"{type(model).__name__} does not route its attention through transformers' AttentionInterface, "
-            "so hf_kernel_attn cannot swap its kernel (supported: Llama/SmolLM2, Qwen2, Mistral, GPT-2, BERT/MiniLM, "
-            "and other models whose attention calls ALL_ATTENTION_FUNCTIONS)"
-        )
+        raise ValueError(_no_interface_message(type(model).__name__))
     bad = [i for i in kcfg.layers if i >= len(modules)]
     if bad:
         raise ValueError(f"layer index {bad} out of range: the model has {len(modules)} attention layers")
-    text = _text_config(model.config)
-    window = getattr(text, "sliding_window", None)
-    if window is not None and getattr(text, "use_sliding_window", True):
-        raise ValueError(
-            f"{type(model).__name__} uses sliding-window attention (sliding_window={window}); hf_kernel_attn kernels "
-            "attend to the whole context. Set config.sliding_window=None to patch it anyway."
-        )
     for i, module in enumerate(modules):
         name = kcfg.for_layer(i).kernel
         if getattr(module, "is_causal", False) and not kernel_class(name).supports_causal:
@@ -90,6 +97,31 @@ def _check_model(model: nn.Module, modules: list[nn.Module], kcfg: KernelAttenti
                 f"{type(model).__name__}; choose a causal kernel: "
                 f"{sorted(n for n, c in KERNELS.items() if c.supports_causal)}"
             )
+
+
+def native_window(model: nn.Module, module: nn.Module) -> int | None:
+    """The sliding window W a layer of the host model attends over (its ``sliding_window`` argument to the
+    attention function: keys with i - W < j ≤ i, or |i - j| < W in an encoder), or None for a global layer."""
+    if hasattr(module, "is_sliding"):  # EXAONE-4: the window is set on every layer, used on the sliding ones
+        window = getattr(module, "sliding_window", None) if module.is_sliding else None
+    elif "sliding_window" in vars(module):  # Qwen2, Gemma 2/3, Cohere2, ModernBERT, ...: per layer
+        window = module.sliding_window
+    else:  # Mistral: the config's window on every layer
+        window = getattr(getattr(module, "config", None) or _text_config(model.config), "sliding_window", None)
+    return int(window) if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
+
+
+def keep_native_windows(model: nn.Module, modules: list[nn.Module], kcfg: KernelAttentionConfig) -> None:
+    """Layers with a native sliding window keep it: they run exact softmax over that window (cheap already)
+    unless their kernel choice has a window of its own (``window=W``: the opt-in to convert them too)."""
+    for i, module in enumerate(modules):
+        window = native_window(model, module)
+        if window is None:
+            continue
+        choice = kcfg.for_layer(i)
+        if choice.params.get("window", 0):
+            continue
+        kcfg.layers[i] = LayerChoice("softmax", {"window": window})
 
 
 def _attach(model: nn.Module, modules: list[nn.Module], kcfg: KernelAttentionConfig) -> None:
@@ -115,6 +147,7 @@ def apply_config(model: nn.Module, kcfg: KernelAttentionConfig) -> nn.Module:
     """Validate ``kcfg`` against ``model``, attach kernels, store the config, select the kernel."""
     modules = attention_modules(model)
     _check_model(model, modules, kcfg)
+    keep_native_windows(model, modules, kcfg)
     _attach(model, modules, kcfg)
     setattr(model.config, CONFIG_KEY, kcfg.to_dict())
     _set_attention_name(model, modules, kcfg.kernel)
@@ -353,6 +386,8 @@ def install_hooks() -> None:
     def _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs):
         if kwargs.get("is_init_check") or (args and args[0] is True):
             object.__setattr__(self, REQUESTED_ATTR, attn_implementation)  # before nn.Module's registries exist
+            if attn_implementation in KERNELS and not module_uses_interface(type(self)):
+                raise ValueError(_no_interface_message(type(self).__name__))
         return orig_check_impl(self, attn_implementation, *args, **kwargs)
 
     @functools.wraps(orig_set_impl)

@@ -297,6 +297,14 @@ def _cell_from_exception(exc: BaseException, stage: str) -> dict[str, Any]:
     }
 
 
+def _recording(module: torch.nn.Module, method: Any, called: set[int]) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        called.add(id(module))
+        return method(*args, **kwargs)
+
+    return wrapper
+
+
 def run_kernel(model: torch.nn.Module, inputs: dict[str, torch.Tensor], kernel: str,
                reference: torch.Tensor | None = None) -> dict[str, Any]:
     """Patch a deep copy of ``model`` with ``kernel``, run ``inputs``, and describe the outcome (one cell)."""
@@ -312,6 +320,9 @@ def run_kernel(model: torch.nn.Module, inputs: dict[str, torch.Tensor], kernel: 
     attached = [m for m in patched.modules() if isinstance(m, Kernel)]
     called: set[int] = set()
     hooks = [m.register_forward_pre_hook(lambda mod, args: called.add(id(mod))) for m in attached]
+    for m in attached:  # a caching forward runs linear kernels through forward_with_state (the recurrent cache)
+        if hasattr(m, "forward_with_state"):
+            m.forward_with_state = _recording(m, m.forward_with_state, called)
     try:
         with torch.no_grad():
             out = _main_output(patched(**inputs))
