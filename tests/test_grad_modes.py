@@ -58,12 +58,12 @@ def _relative(a, b):
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("spec", [("elu", {"window": 64}), ("taylor", {}), ("hedgehog", {})], ids=_label)
+@pytest.mark.parametrize("spec", [("elu", {"window": 64}), ("taylor", {})], ids=_label)
 def test_smollm2_checkpointing_gives_the_gradients_of_none(smollm2, spec, fresh):
     fresh(smollm2)
     name, params = spec
     hf_kernel_attn.patch(smollm2, kernel=name, **params)
-    ids = torch.randint(100, 5000, (1, 160), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(100, 5000, (1, 96), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         off = smollm2(ids, use_cache=False).logits
     on = smollm2(ids, use_cache=False).logits
@@ -82,7 +82,7 @@ def test_smollm2_checkpointing_gives_the_gradients_of_none(smollm2, spec, fresh)
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("name", ["performer", "cosformer", "elu"])
+@pytest.mark.parametrize("name", ["performer", "taylor"])
 def test_minilm_checkpointing_gives_the_gradients_of_none(minilm, minilm_tok, name, fresh):
     fresh(minilm)
     hf_kernel_attn.patch(minilm, kernel=name)

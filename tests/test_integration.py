@@ -186,11 +186,18 @@ def test_unsupported_model_class_is_named():
         hf_kernel_attn.patch(model, kernel="elu")
 
 
-def test_sliding_window_model_refused():
+def test_sliding_window_layers_kept_native():
+    """Qwen2 with use_sliding_window: layers from max_window_layers on slide (window 8) and keep exact softmax over
+    that window; the others get the kernel. (Once refused whole.)"""
     cfg = Qwen2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=97, use_sliding_window=True, sliding_window=8)
-    with pytest.raises(ValueError, match="sliding-window"):
-        hf_kernel_attn.patch(Qwen2ForCausalLM(cfg), kernel="elu")
+                      num_key_value_heads=2, vocab_size=97, use_sliding_window=True, sliding_window=8,
+                      max_window_layers=1)
+    model = hf_kernel_attn.patch(Qwen2ForCausalLM(cfg), kernel="elu")
+    kernels = [layer.self_attn.kernel_attn for layer in model.model.layers]
+    assert [k.name for k in kernels] == ["elu", "softmax"] and kernels[1].options.window == 8
+    ids = torch.randint(0, 97, (1, 20))
+    with torch.no_grad():
+        assert torch.isfinite(model(ids).logits).all()
 
 
 def test_four_d_mask_and_packed_sequences_rejected():

@@ -15,6 +15,8 @@ w off the module's forward with one-hot values (v = I), so it is the implementat
 
 from __future__ import annotations
 
+import inspect
+
 import math
 from typing import Any
 
@@ -126,6 +128,13 @@ def geometry(x0: tuple[float, float] = (1.0, 0.5), extent: float = 3.0, points: 
     return out
 
 
+def _forward_params(model) -> set[str]:
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
 def layer_qkv(model, layer: int, input_ids: torch.Tensor) -> dict[str, Any]:
     """q, k, v (after RoPE) and the softmax scale that layer ``layer`` hands its kernel, captured by a forward
     pre-hook on ``<attention>.kernel_attn`` (the model must be patched, softmax included)."""
@@ -145,7 +154,8 @@ def layer_qkv(model, layer: int, input_ids: torch.Tensor) -> dict[str, Any]:
     handle = kernel.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         with torch.no_grad():
-            model(input_ids=input_ids)
+            # no cache: a caching forward runs linear kernels through forward_with_state, past this hook
+            model(input_ids=input_ids, **({"use_cache": False} if "use_cache" in _forward_params(model) else {}))
     finally:
         handle.remove()
     if not seen:
