@@ -6,7 +6,8 @@ positions, argmax agreement (SmolLM2), whether forward and backward are finite, 
 kernel's inputs q/k/v are rounded to bf16 (the model otherwise in fp32), which separates what the kernel's own
 conditioning does with half-precision inputs from what the rest of the model adds. Writes a markdown table.
 
-    python scripts/mixed_precision_drift.py --data-dir ../shared/data --tokens 256 --output docs/results/mixed_precision.md
+    python scripts/mixed_precision_drift.py --data-dir ../shared/data --tokens 256 \
+        --output docs/results/mixed_precision.md
 """
 
 from __future__ import annotations

@@ -200,12 +200,10 @@ def test_sliding_window_layers_kept_native():
         assert torch.isfinite(model(ids).logits).all()
 
 
-def test_four_d_mask_and_packed_sequences_rejected():
+def test_four_d_mask_rejected():
     model = tiny("llama")
     hf_kernel_attn.patch(model, kernel="elu")
     ids = torch.randint(0, 97, (1, 6))
-    with pytest.raises(ValueError, match="packed sequences"):
-        model(ids, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]))
     mask4d = torch.ones(1, 1, 6, 6, dtype=torch.bool).tril()
     with pytest.raises(ValueError, match="2-D key-padding mask"):
         model(ids, attention_mask=mask4d)

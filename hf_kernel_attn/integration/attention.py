@@ -74,17 +74,38 @@ def _is_causal(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
     return bool(causal)
 
 
-def _reject_packed(position_ids: Any, attention_mask: Any, n: int) -> None:
-    """Refuse packed rows (position_ids restarting inside a row); a check torch.compile cannot trace without
-    a host sync, so it is skipped while compiling."""
-    if torch.compiler.is_compiling():
-        return
-    if attention_mask is None and isinstance(position_ids, torch.Tensor) and n > 1 and position_ids.shape[-1] > 1:
-        if bool((position_ids[..., 1:] < position_ids[..., :-1]).any()):
-            raise ValueError(
-                "packed sequences (position_ids that restart inside a row) are not supported by hf_kernel_attn "
-                "kernels; pass separate rows with an attention_mask instead"
-            )
+def packed_segments(position_ids: Any, attention_mask: Any, n: int) -> list[list[tuple[int, int]]] | None:
+    """Packed rows (SFT-style: several documents in one row without padding, ``position_ids`` restarting at each,
+    as TRL's flattening collator and flash-attention's varlen path use): per row the ``[start, end)`` of each
+    document, or None when no row restarts. Read from the tensor, so skipped while compiling (a host sync)."""
+    if torch.compiler.is_compiling() or attention_mask is not None or n <= 1:
+        return None
+    if not isinstance(position_ids, torch.Tensor) or position_ids.shape[-1] != n:
+        return None
+    pos = position_ids.reshape(-1, n)
+    restarts = pos[:, 1:] <= pos[:, :-1]
+    if not bool(restarts.any()):
+        return None
+    segments = []
+    for row in restarts:
+        starts = [0, *(row.nonzero().flatten() + 1).tolist()]
+        segments.append(list(zip(starts, [*starts[1:], n], strict=True)))
+    return segments
+
+
+def _per_document(kernel: Kernel, q, k, v, segments, causal: bool, scaling, dropout: float) -> torch.Tensor:
+    """The kernel on each document of each packed row alone: no key, recurrent state or window crosses a
+    boundary (flash-linear-attention's ``cu_seqlens`` contract), positions restart with each document."""
+    if k.shape[-2] != q.shape[-2]:
+        raise ValueError("packed rows (position_ids restarting inside a row) cannot follow cached tokens; "
+                         "prefill packed rows without a cache (use_cache=False)")
+    rows = []
+    for b in range(q.shape[0]):
+        docs = segments[b] if len(segments) > 1 else segments[0]
+        pieces = [kernel(q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e], key_mask=None, causal=causal,
+                         scaling=scaling, dropout=dropout) for s, e in docs]
+        rows.append(torch.cat(pieces, 1))
+    return torch.cat(rows, 0)
 
 
 def attention_forward(
@@ -119,12 +140,18 @@ def attention_forward(
         raise ValueError(f"kernel {kernel.name!r} cannot take the additive position bias of "
                          f"{type(module).__name__} ({_describe(bias)}): it has no logits to add it to; kernels that "
                          f"can: {able}")
-    _reject_packed(kwargs.get("position_ids"), attention_mask, query.shape[-2])
+    segments = packed_segments(kwargs.get("position_ids"), attention_mask, query.shape[-2])
     key_mask = _key_mask(attention_mask, key.shape[-2])
     causal = _is_causal(module, kwargs)
     dropout = dropout if module.training else 0.0
     kernel = teacher_kernel(kernel)
     recorder = active_transfer()
+    if segments is not None:
+        if recorder is not None or bias is not None or kwargs.get("linear_state") or kwargs.get("window_cache"):
+            raise ValueError("packed rows (position_ids restarting inside a row) run plain forwards only: not under "
+                             "attention transfer, with a position bias or with a recurrent/window cache; unpack them "
+                             "into rows with an attention_mask, or pass use_cache=False")
+        return _per_document(kernel, query, key, value, segments, causal, scaling, dropout), None
     if recorder is not None and kernel.name != "softmax":
         return recorder.step(kernel, query, key, value, key_mask=key_mask, causal=causal, scaling=scaling), None
     state_layer = kwargs.get("linear_state")

@@ -27,7 +27,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from ..kernels import Kernel, LinearKernel
 from ..kernels.linear import LinearState
 from ..kernels.softmax import SoftmaxKernel, banded_attention, gather_keys, sink_slots
-from .attention import KERNEL_ATTR
+from .attention import KERNEL_ATTR, packed_segments
 
 
 def _bytes(*tensors: torch.Tensor) -> int:
@@ -360,12 +360,25 @@ def _cache_hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]):
         return None
     if len(args) > 1:
         return None  # inputs beyond input_ids passed positionally: the cache may be among them
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and bool(mask.bool().all()):
+        mask = None
+    if packed_segments(kwargs.get("position_ids"), mask, _length(kwargs)) is not None:
+        return None  # packed rows: documents are attended one by one, there is nothing to continue
     use_cache = kwargs.get("use_cache")
     if use_cache is None:
         use_cache = bool(getattr(getattr(module, "config", None), "use_cache", False)) and not module.training
     if not use_cache or not wants_state_cache(module):
         return None
     return args, {**kwargs, _cache_parameter(type(module)): RecurrentStateCache(module)}
+
+
+def _length(kwargs: dict[str, Any]) -> int:
+    for name in ("input_ids", "inputs_embeds"):
+        x = kwargs.get(name)
+        if isinstance(x, torch.Tensor) and x.dim() >= 2:
+            return int(x.shape[1])
+    return 0
 
 
 @functools.cache

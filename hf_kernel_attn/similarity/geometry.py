@@ -16,7 +16,6 @@ w off the module's forward with one-hot values (v = I), so it is the implementat
 from __future__ import annotations
 
 import inspect
-
 import math
 from typing import Any
 
