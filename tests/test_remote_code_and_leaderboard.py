@@ -163,3 +163,30 @@ def test_leaderboard_config_errors(tmp_path):
         load_leaderboard_config(write({**base, "models": [{"name": "m", "kernels": ["softmax"], "tasks": ["ptb"]}]}))
     with pytest.raises(ValueError, match="does not exist"):
         load_leaderboard_config(tmp_path / "missing.yaml")
+
+
+def test_heat_map_colours_zero_scores():
+    """A 0 score is the bottom colour of the heat map (log2 0 = -inf used to render as a blank cell); missing
+    cells stay blank; other cells are log2 of the ratio (math.log2 as the reference)."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from hf_kernel_attn.evaluation.leaderboard import HEAT_RANGE, heat_values
+
+    ratios = np.array([[0.0, 0.5, 1.0], [1.7, np.nan, 40.0]])
+    values = heat_values(ratios)
+    assert values[0, 0] == -HEAT_RANGE and values[1, 2] == HEAT_RANGE and np.isnan(values[1, 1])
+    for r, v in ((0.5, values[0, 1]), (1.0, values[0, 2]), (1.7, values[1, 0])):
+        assert v == pytest.approx(math.log2(r))
+    fig, ax = plt.subplots()
+    im = ax.imshow(values, cmap="RdYlGn", vmin=-HEAT_RANGE, vmax=HEAT_RANGE)
+    rgba = im.to_rgba(im.get_array())
+    plt.close(fig)
+    bottom = matplotlib.colormaps["RdYlGn"](0.0)
+    assert tuple(rgba[0, 0]) == pytest.approx(bottom)  # coloured, the worst colour
+    assert rgba[1, 1][3] == 0.0  # a missing cell is transparent (blank)

@@ -319,6 +319,18 @@ def _long_columns(task: str, cfg: dict[str, Any]) -> list[str]:
     return [f"{task}@{n}" for n in sorted(lengths)]
 
 
+
+HEAT_RANGE = 3.0  # the heat map's colour scale: log2 ratios in [-3, 3] (1/8x ... 8x softmax)
+
+
+def heat_values(ratios):
+    """log2 of the quality ratios, clipped to the colour scale: a 0 score (log2 0 = -inf, which imshow leaves
+    blank) is the bottom colour, an unbounded one the top; a missing cell (NaN) stays blank."""
+    import numpy as np
+
+    with np.errstate(divide="ignore"):
+        return np.clip(np.log2(ratios), -HEAT_RANGE, HEAT_RANGE)
+
 def _plots(out: Path, rows, columns, cell) -> None:
     try:
         import matplotlib
@@ -345,8 +357,7 @@ def _plots(out: Path, rows, columns, cell) -> None:
             ratio = r["value"] / base["value"]
             grid[i, j] = 1 / ratio if r["metric"] in LOWER_IS_BETTER else ratio
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(columns), 0.9 + 0.42 * len(rows)))
-    with np.errstate(divide="ignore"):  # a 0 score is the bottom of the scale
-        im = ax.imshow(np.log2(grid), cmap="RdYlGn", vmin=-3, vmax=3, aspect="auto")
+    im = ax.imshow(heat_values(grid), cmap="RdYlGn", vmin=-HEAT_RANGE, vmax=HEAT_RANGE, aspect="auto")
     ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
     ax.set_yticks(range(len(rows)), [f"{n} / {k}" for n, k in rows])
     for i in range(len(rows)):
