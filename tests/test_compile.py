@@ -59,8 +59,8 @@ def test_softmax_like_kernels_add_no_graph_breaks(tiny_llama, stock_breaks, case
     assert count == stock_breaks[inputs], reasons
 
 
-@pytest.mark.parametrize("inputs", sorted(INPUTS))
-@pytest.mark.parametrize("case", LINEAR, ids=_label)
+@pytest.mark.parametrize("case,inputs", [(c, "no-mask") for c in LINEAR] + [(("hedgehog", {}), "ones-mask")],
+                         ids=lambda x: _label(x) if isinstance(x, tuple) else x)
 def test_linear_kernels_add_at_most_two_graph_breaks(tiny_llama, stock_breaks, case, inputs):
     model = _patched(tiny_llama, *case)
     count, reasons = _breaks(model, INPUTS[inputs])
