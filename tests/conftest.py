@@ -121,3 +121,13 @@ def tiny_bert(tmp_path_factory, minilm_dir):
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def tiny_llama_model(max_positions: int = 256):
+    """A 2-layer random Llama (4 query / 2 KV heads, head dim 16, vocabulary 128), seeded, in eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=max_positions)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).eval()

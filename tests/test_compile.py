@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import hf_kernel_attn
+from tests.conftest import tiny_llama_model
 
 SOFTMAX_LIKE = [("softmax", {}), ("gaussian", {}), ("cosine", {})]
 LINEAR = [("elu", {}), ("hedgehog", {}), ("taylor", {}), ("hedgehog", {"window": 16})]
@@ -17,12 +18,7 @@ LINEAR = [("elu", {}), ("hedgehog", {}), ("taylor", {}), ("hedgehog", {"window":
 
 @pytest.fixture(scope="module")
 def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama_model()
 
 
 IDS = torch.randint(0, 128, (1, 48), generator=torch.Generator().manual_seed(0))

@@ -21,6 +21,7 @@ from test_kernels import DV, SCALING, D, make_kernel, make_mask  # noqa: E402
 
 import hf_kernel_attn  # noqa: E402
 from hf_kernel_attn.kernels import KERNELS  # noqa: E402
+from tests.conftest import tiny_llama_model
 
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 NON_SOFTMAX = sorted(n for n in KERNELS if n != "softmax")
@@ -79,18 +80,9 @@ def test_window_hybrid_under_autocast_is_fp32_arithmetic(name, params, dtype):
     _check_autocast_kernel(make_kernel(name, 4, 2, params), HALF[dtype], causal=True)
 
 
-def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval()
-
-
 @pytest.fixture(scope="module")
 def tiny_llama():
-    return _tiny_llama()
+    return tiny_llama_model()
 
 
 MODEL_CASES = [(n, {}) for n in CAUSAL] + [("hedgehog", {"window": 8}), ("softmax", {"window": 8})]

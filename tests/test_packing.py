@@ -11,6 +11,7 @@ import torch
 
 import hf_kernel_attn
 from hf_kernel_attn.kernels import KERNELS
+from tests.conftest import tiny_llama_model
 
 CASES = [(n, {}) for n, c in sorted(KERNELS.items()) if c.supports_causal] + [
     ("hedgehog", {"window": 4}), ("dijiang", {"window": 4}), ("softmax", {"window": 4, "sinks": 2})]
@@ -19,12 +20,7 @@ DOCS = (7, 12, 5)
 
 @pytest.fixture(scope="module")
 def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama_model(max_positions=64)
 
 
 def _label(case):

@@ -13,16 +13,7 @@ import torch
 
 import hf_kernel_attn
 from hf_kernel_attn.integration.remote_code import MODULE
-
-
-def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval()
-
+from tests.conftest import tiny_llama_model
 
 IDS = torch.randint(0, 128, (1, 24), generator=torch.Generator().manual_seed(3))
 
@@ -30,10 +21,10 @@ IDS = torch.randint(0, 128, (1, 24), generator=torch.Generator().manual_seed(3))
 @pytest.fixture(scope="module")
 def saved_kernel_model(tmp_path_factory):
     """(a hedgehog checkpoint of a tiny Llama, the stock model's logits, the kernel model's logits)."""
-    stock = _tiny_llama()
+    stock = tiny_llama_model()
     with torch.no_grad():
         stock_logits = stock(IDS).logits
-    model = _tiny_llama()
+    model = tiny_llama_model()
     hf_kernel_attn.patch(model, kernel="hedgehog")
     with torch.no_grad():
         kernel_logits = model(IDS).logits
@@ -126,7 +117,7 @@ def test_unpatch_then_save_loads_with_trust_remote_code(saved_kernel_model, tmp_
 
 def test_user_auto_map_entries_survive_unpatch():
     """Only this plugin's entries go: a model's own remote code stays mapped."""
-    model = _tiny_llama()
+    model = tiny_llama_model()
     hf_kernel_attn.patch(model, kernel="elu")
     model.config.auto_map = {"AutoConfig": "their_code.TheirConfig", "AutoModel": f"{MODULE}.KernelAttnLlamaModel"}
     hf_kernel_attn.unpatch(model)
