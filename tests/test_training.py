@@ -255,12 +255,15 @@ def _final_loss(out: Path) -> float:
 
 
 def test_resume_after_sigkill_equals_uninterrupted_run(tiny_llama, tmp_path):
-    cfg = lm_config(tiny_llama, tmp_path / "ref", **{"stages.transfer.steps": 5, "stages.lora.steps": 6,
+    """Transfer, distillation (killed here), then LoRA on the distillation's adapters."""
+    cfg = lm_config(tiny_llama, tmp_path / "ref", **{"stages.transfer.steps": 5, "stages.distill.steps": 3,
+                                                      "stages.distill.lr": 1e-3, "stages.lora.steps": 3,
                                                       "save_every": 2})
     run_cli(["finetune", str(write_config(tmp_path / "ref.yaml", cfg))])
     reference = read_log(tmp_path / "ref")
+    assert [r["stage"] for r in reference] == ["transfer"] * 5 + ["distill"] * 3 + ["lora"] * 3
 
-    # 1) SIGKILL mid-run (after step 7 is logged), then --resume
+    # 1) SIGKILL mid-run (after step 7 is logged, inside the distill stage), then --resume
     out = tmp_path / "killed"
     cfg["output_dir"] = str(out)
     path = write_config(tmp_path / "killed.yaml", cfg)

@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 TASKS = ("causal_lm", "sequence_classification", "sentence_embedding")
-STAGES = ("transfer", "lora", "full")
+STAGES = ("transfer", "distill", "lora", "full")
+DISTILL_TRAIN = ("lora", "full")  # what the distill stage trains
 SCHEDULES = ("constant", "cosine", "linear")
 BUDGET_CLOCKS = ("wall", "cpu")
 
@@ -44,6 +45,10 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "stages": {
         "transfer": {**_STAGE, "lr": 1e-2, "loss": "mse"},
+        # KL(teacher || student) on the next-token distribution, the teacher being the same model with softmax
+        # attention and the original weights; plus ce_weight x cross-entropy
+        "distill": {**_STAGE, "max_grad_norm": 1.0, "temperature": 1.0, "ce_weight": 0.0, "train": "lora",
+                    "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": None, "train_kernel": False},
         "lora": {**_STAGE, "lr": 1e-4, "max_grad_norm": 1.0, "r": 8, "alpha": 16, "dropout": 0.0,
                  "target_modules": None, "train_kernel": False},
         "full": {**_STAGE, "lr": 2e-5, "max_grad_norm": 1.0, "train_kernel": True},
@@ -282,11 +287,25 @@ def validate(config: dict[str, Any]) -> None:
 
     loss = config["stages"]["transfer"]["loss"]
     _check(loss in TRANSFER_LOSSES, f"stages.transfer.loss must be one of {list(TRANSFER_LOSSES)}, got {loss!r}")
-    lora = config["stages"]["lora"]
-    _check(_is_int(lora["r"], 1), f"stages.lora.r must be an integer >= 1, got {lora['r']!r}")
-    _check(_is_num(lora["alpha"]) and lora["alpha"] > 0, "stages.lora.alpha must be > 0")
+    for name in ("lora", "distill"):
+        lora = config["stages"][name]
+        _check(_is_int(lora["r"], 1), f"stages.{name}.r must be an integer >= 1, got {lora['r']!r}")
+        _check(_is_num(lora["alpha"]) and lora["alpha"] > 0, f"stages.{name}.alpha must be > 0")
+        targets = lora["target_modules"]
+        _check(targets is None or (isinstance(targets, list) and all(isinstance(t, str) for t in targets)),
+               f"stages.{name}.target_modules must be null or a list of module names, got {targets!r}")
+    distill = config["stages"]["distill"]
+    _check(distill["train"] in DISTILL_TRAIN,
+           f"stages.distill.train must be one of {list(DISTILL_TRAIN)}, got {distill['train']!r}")
+    _check(_is_num(distill["temperature"]) and distill["temperature"] > 0,
+           f"stages.distill.temperature must be a number > 0, got {distill['temperature']!r}")
+    _check(_is_num(distill["ce_weight"]),
+           f"stages.distill.ce_weight must be a number >= 0, got {distill['ce_weight']!r}")
+    _check(not distill["steps"] or config["task"] == "causal_lm",
+           f"stages.distill distils next-token distributions: it needs task causal_lm, got {config['task']!r} "
+           "(sentence_embedding distils the teacher's embeddings in the lora/full stages)")
     _check(any(config["stages"][s]["steps"] for s in STAGES),
-           "every stage has steps: 0; nothing to train (set stages.<transfer|lora|full>.steps)")
+           "every stage has steps: 0; nothing to train (set stages.<transfer|distill|lora|full>.steps)")
 
 
 def dump_config(config: dict[str, Any], path: str | os.PathLike) -> None:

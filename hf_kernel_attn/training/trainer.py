@@ -1,10 +1,14 @@
 """Conversion training: attention transfer, then LoRA and/or full fine-tuning, under accelerate.
 
-Stages run in the order transfer -> lora -> full; a stage with ``steps: 0`` is skipped.
+Stages run in the order transfer -> distill -> lora -> full; a stage with ``steps: 0`` is skipped.
 
 * **transfer** (Hedgehog, Zhang et al. ICLR 2024; LoLCATs, Zhang et al. ICLR 2025): only the kernels'
   own parameters train, on the layer-local loss of :mod:`hf_kernel_attn.integration.transfer`; the
   model runs in eval mode and a causal LM skips its LM head (``logits_to_keep=1``).
+* **distill** (causal LM): LoRA adapters (``train: lora``) or the weights (``train: full``) train on
+  KL(teacher ‖ student) of the next-token distributions (:func:`.losses.distillation_loss`), the teacher
+  being the same model with softmax attention and its original weights, computed in the same step
+  (adapters switched off, or a frozen copy for ``train: full``); plus ``ce_weight`` × cross-entropy.
 * **lora**: LoRA adapters through ``peft`` (LoLCATs: r = 8, α = 16 on the attention projections).
 * **full**: every weight trains.
 
@@ -19,6 +23,7 @@ batch_size b/P follow the same trajectory as one process with batch_size b.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
@@ -40,6 +45,7 @@ from ..integration.transfer import attention_transfer, softmax_teacher
 from . import checkpoint as ckpt
 from .config import STAGES, dump_config
 from .data import BatchPlan, check_training_data, glue_examples, sentences, text_blocks
+from .losses import distillation_loss
 
 LOG_FILE = "training_log.jsonl"
 VALIDATION_FILE = "validation.jsonl"
@@ -246,6 +252,47 @@ class Trainer:
             self._last_layer_mse = rec.mean()
         return loss
 
+    def _stage_loss(self, stage: str, batch: dict[str, Any]) -> torch.Tensor:
+        if stage == "transfer":
+            return self._transfer_loss(batch)
+        if stage == "distill":
+            return self._distill_loss(batch)
+        return self._task_loss(batch)
+
+    @torch.no_grad()
+    def teacher_logits(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The softmax teacher's logits: the model itself with softmax attention and its LoRA adapters off,
+        or (``train: full``, whose weights move) a frozen copy of the original model loaded once."""
+        inputs = {**self._inputs(batch), "use_cache": False}
+        if self._distill_train() == "full":
+            if getattr(self, "_teacher_model", None) is None:
+                import transformers
+
+                cls = getattr(transformers, self.config["model_class"] or _AUTO_CLASS[self.task])
+                self._teacher_model = cls.from_pretrained(self.source).to(self.device).eval().requires_grad_(False)
+            return self._teacher_model(**inputs).logits
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            adapters_off = self.model.disable_adapter() if self._is_peft() else contextlib.nullcontext()
+            with adapters_off, softmax_teacher():
+                return self.model(**inputs).logits
+        finally:
+            self.model.train(was_training)
+
+    def _distill_loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        stage = self.config["stages"]["distill"]
+        teacher = self.teacher_logits(batch)
+        out = self.model(**self._inputs(batch), labels=batch["input_ids"] if stage["ce_weight"] else None,
+                         use_cache=False)
+        loss = distillation_loss(out.logits, teacher, temperature=stage["temperature"])
+        if stage["ce_weight"]:
+            loss = loss + stage["ce_weight"] * out.loss
+        return loss
+
+    def _distill_train(self) -> str:
+        return self.config["stages"]["distill"]["train"]
+
     def _task_loss(self, batch: dict[str, Any]) -> torch.Tensor:
         if self.task == "causal_lm":
             return self.model(**batch, labels=batch["input_ids"], use_cache=False).loss
@@ -322,18 +369,25 @@ class Trainer:
                   f"(transfer errors {worst}; all layers in {path})", flush=True)
 
     # ---------------------------------------------------------------- stages
+    def _trains(self, stage: str) -> str:
+        """What ``stage`` trains: ``kernel`` (transfer), ``lora`` or ``full``."""
+        if stage == "transfer":
+            return "kernel"
+        return self._distill_train() if stage == "distill" else stage
+
     def _enter(self, stage: str) -> None:
         """Give the model the structure of ``stage`` (LoRA adapters in, or merged out)."""
-        if stage == "lora" and not self._is_peft():
-            self.model = self._wrap_lora(self.model)
-        elif stage == "full" and self._is_peft():
+        trains = self._trains(stage)
+        if trains == "lora" and not self._is_peft():
+            self.model = self._wrap_lora(self.model, stage)
+        elif trains == "full" and self._is_peft():
             self.model = self.model.merge_and_unload()
 
     def _is_peft(self) -> bool:
         return type(self.model).__module__.startswith("peft")
 
-    def _lora_targets(self) -> list[str]:
-        given = self.config["stages"]["lora"]["target_modules"]
+    def _lora_targets(self, stage: str) -> list[str]:
+        given = self.config["stages"][stage]["target_modules"]
         if given:
             return list(given)
         mtype = getattr(self.model.config, "model_type", "")
@@ -347,27 +401,30 @@ class Trainer:
                              "stages.lora.target_modules")
         return sorted(names)
 
-    def _wrap_lora(self, model):
+    def _wrap_lora(self, model, stage: str):
         from peft import LoraConfig, get_peft_model
 
-        lora = self.config["stages"]["lora"]
+        lora = self.config["stages"][stage]
         task_type = {"causal_lm": "CAUSAL_LM", "sequence_classification": "SEQ_CLS"}.get(self.task)
         cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                         target_modules=self._lora_targets(), task_type=task_type)
+                         target_modules=self._lora_targets(stage), task_type=task_type)
         torch.manual_seed(self.config["seed"] + 1)  # LoRA A matrices
         return get_peft_model(model, cfg)
 
     def _set_trainable(self, stage: str) -> list[torch.nn.Parameter]:
         stage_cfg = self.config["stages"][stage]
+        trains = self._trains(stage)
+        chosen = stage_cfg.get("target_modules") if stage == "distill" and trains == "full" else None
         for n, p in self.model.named_parameters():
             is_kernel = id(p) in self.kernel_params
-            if stage == "transfer":
+            if trains == "kernel":
                 p.requires_grad_(is_kernel)
-            elif stage == "lora":
+            elif trains == "lora":
                 adapter = "lora_" in n or "modules_to_save" in n
                 p.requires_grad_(adapter or (is_kernel and stage_cfg["train_kernel"]))
             else:
-                p.requires_grad_(".kernel_attn." not in n or (is_kernel and stage_cfg["train_kernel"]))
+                weight = ".kernel_attn." not in n and (chosen is None or any(f".{m}." in f".{n}" for m in chosen))
+                p.requires_grad_(weight or (is_kernel and stage_cfg["train_kernel"]))
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def _checkpoint_tensors(self, optimizer, scheduler) -> dict[str, Any]:
@@ -545,7 +602,7 @@ class Trainer:
             for _ in range(accum):
                 batch, n_tok = self._batch(self.train.items, self.plan.indices(state["position"]))
                 state["position"] += self.plan.global_batch
-                loss = self._transfer_loss(batch) if stage == "transfer" else self._task_loss(batch)
+                loss = self._stage_loss(stage, batch)
                 (loss / accum).backward()
                 loss_sum += loss.item() / accum
                 tokens += n_tok
