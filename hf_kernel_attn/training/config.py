@@ -41,6 +41,8 @@ DEFAULTS: dict[str, Any] = {
         "validation_fraction": 0.05,  # text: the end of each training file is held out
         "validation_batches": 8,
         "max_train_chars": None,  # per text file
+        "recall_fraction": 0.0,  # causal_lm: share of training blocks carrying synthetic key-value facts
+        "recall_max_facts": 3,   # facts per such block (1 ... this), each stated once and asked at the end
     },
     "seed": 0,
     "stages": {
@@ -263,6 +265,13 @@ def validate(config: dict[str, Any]) -> None:
         _check(_is_int(data[key], 1), f"data.{key} must be an integer >= 1, got {data[key]!r}")
     _check(_is_num(data["validation_fraction"]) and data["validation_fraction"] < 1,
            f"data.validation_fraction must be in [0, 1), got {data['validation_fraction']!r}")
+    _check(_is_num(data["recall_fraction"]) and data["recall_fraction"] <= 1,
+           f"data.recall_fraction must be in [0, 1], got {data['recall_fraction']!r}")
+    _check(_is_int(data["recall_max_facts"], 1),
+           f"data.recall_max_facts must be an integer >= 1, got {data['recall_max_facts']!r}")
+    _check(not data["recall_fraction"] or config["task"] == "causal_lm",
+           f"data.recall_fraction adds recall facts to language-modelling text: it needs task causal_lm, got "
+           f"{config['task']!r}")
     if config["task"] == "sequence_classification":
         from ..data import GLUE_TASKS
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from .recall_data import with_recall_facts
+
 HOLDOUT_EVERY = 10
 
 
@@ -71,7 +73,8 @@ class Split:
 
 def text_blocks(config: dict[str, Any], tokenizer) -> tuple[Split, Split]:
     """Tokenise each training text (EOS between files), hold out the last ``validation_fraction`` of
-    each, and pack both parts into ``seq_len`` blocks (a final partial block is dropped)."""
+    each, and pack both parts into ``seq_len`` blocks (a final partial block is dropped); with
+    ``recall_fraction`` that share of the training blocks carries recall facts (:mod:`.recall_data`)."""
     data = config["data"]
     seq_len = data["seq_len"]
     source = _train_files(data["train"])
@@ -103,6 +106,10 @@ def text_blocks(config: dict[str, Any], tokenizer) -> tuple[Split, Split]:
     if len(train) == 0:
         raise ValueError(f"data.train holds {len(train_ids)} training tokens, fewer than one block of "
                          f"data.seq_len={seq_len}")
+    if data["recall_fraction"]:
+        train = with_recall_facts(train, lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+                                  fraction=data["recall_fraction"], max_facts=data["recall_max_facts"],
+                                  seed=config["seed"])
     return Split(train), Split(valid)
 
 
