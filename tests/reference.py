@@ -205,7 +205,8 @@ def cosine_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
 def _linear_from_scores(kern, q, k, scaling, causal, scores, vd, vis, decay=None):
     """Normalised kernel weights; with the option ``window`` W > 0 the sliding-window hybrid: weight
     exp(s q_i·k_j) where query position minus key position d is in [0, W) (causal) or |d| < W
-    (bidirectional), λ_h · (kernel weight) elsewhere, λ_h = exp(window_log_mix[h]) or 1."""
+    (bidirectional), or j is one of the first ``sinks`` real keys, λ_h · (kernel weight) elsewhere,
+    λ_h = exp(window_log_mix[h]) or 1."""
     w = scores if decay is None else scores * decay
     window = getattr(kern.options, "window", 0)
     if not window:
@@ -214,6 +215,11 @@ def _linear_from_scores(kern, q, k, scaling, causal, scores, vd, vis, decay=None
     logits = _scale(q, scaling) * torch.einsum("bhnd,bhmd->bhnm", q.to(f64), repeat_kv(k.to(f64), hq))
     d = query_positions(n, m)[:, None] - key_positions(m)[None, :]
     in_window = ((d >= 0) & (d < window)) if causal else d.abs() < window
+    sinks = getattr(kern.options, "sinks", 0)
+    if sinks:  # the first S real keys of each row join the softmax part
+        real = vis[:, 0, -1, :]  # the last query sees every real key
+        is_sink = real & (real.long().cumsum(-1) <= sinks)
+        in_window = in_window | is_sink[:, None, None, :]
     mix = getattr(kern, "window_log_mix", None)
     lam = torch.ones(hq, dtype=f64) if mix is None else mix.to(f64).exp()
     w = torch.where(in_window, torch.exp(logits), lam[None, :, None, None] * w)

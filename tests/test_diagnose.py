@@ -18,8 +18,9 @@ from hf_kernel_attn.kernels.window import branch_normalisers
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-def brute_shares(q, k, window, scaling, lam, causal=True):
-    """far / (window + far) per query head and query, by explicit loops; φ = elu + 1."""
+def brute_shares(q, k, window, scaling, lam, causal=True, sinks=0):
+    """far / (window + far) per query head and query, by explicit loops; φ = elu + 1; keys 0 … sinks - 1 (no
+    padding here) are softmax keys wherever they are visible."""
     def phi(x):
         return torch.where(x > 0, x + 1, torch.exp(x.clamp_max(0)))
 
@@ -36,7 +37,7 @@ def brute_shares(q, k, window, scaling, lam, causal=True):
                     d = p - j
                     if causal and d < 0:
                         continue
-                    if abs(d) < window:
+                    if abs(d) < window or j < sinks:
                         win += math.exp(scaling * float(q[bi, h, i] @ k[bi, kh, j]))
                     else:
                         far += lam[h] * float(phi(q[bi, h, i]) @ phi(k[bi, kh, j]))
@@ -46,7 +47,8 @@ def brute_shares(q, k, window, scaling, lam, causal=True):
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("n,m", [(12, 12), (5, 12)])
-def test_branch_normaliser_shares_match_brute_force(causal, n, m):
+@pytest.mark.parametrize("sinks", [0, 2])
+def test_branch_normaliser_shares_match_brute_force(causal, n, m, sinks):
     if not causal and n != m:
         pytest.skip("bidirectional layers have N = M")
     gen = torch.Generator().manual_seed(0)
@@ -56,9 +58,9 @@ def test_branch_normaliser_shares_match_brute_force(causal, n, m):
     kern = hf_kernel_attn.kernels.build_kernel("elu", hf_kernel_attn.kernels.LayerShape(4, 2, 6), {"window": 3})
     fq, fk = kern.features(q, k, 0.4)
     win, far = branch_normalisers(group_queries(q, 2), k, fq, fk, window=3, scaling=0.4, causal=causal,
-                                  log_mix=log_mix, block=4)
+                                  log_mix=log_mix, block=4, sinks=sinks)
     got = (far / (win + far)).reshape(1, 4, n)
-    want = brute_shares(q, k, 3, 0.4, log_mix.exp().flatten().tolist(), causal)
+    want = brute_shares(q, k, 3, 0.4, log_mix.exp().flatten().tolist(), causal, sinks)
     assert torch.allclose(got, want, atol=1e-10)
 
 

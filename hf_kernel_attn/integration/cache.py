@@ -125,7 +125,8 @@ class RecurrentStateLayer(DynamicLayer):
 
     def _map_state(self, fn) -> None:
         if self.state is not None:
-            self.state = LinearState(fn(self.state.S), fn(self.state.z))
+            sinks = None if self.state.sinks is None else self.state.sinks.map(fn)
+            self.state = LinearState(fn(self.state.S), fn(self.state.z), sinks)
         if self.window_keys is not None:
             self.window_keys, self.window_values = fn(self.window_keys), fn(self.window_values)
 
@@ -139,8 +140,10 @@ class RecurrentStateLayer(DynamicLayer):
         self._map_state(lambda t: t[indices])
 
     def nbytes(self) -> int:
-        """The state plus the window's K/V (at most W - 1 positions): constant in the context length."""
+        """The state plus the window's K/V (at most W - 1 positions) and the sinks: constant in the context."""
         total = 0 if self.state is None else _bytes(self.state.S, self.state.z)
+        if self.state is not None and self.state.sinks is not None:
+            total += _bytes(*self.state.sinks.tensors())
         if self.window_keys is not None:
             total += _bytes(self.window_keys, self.window_values)
         return total

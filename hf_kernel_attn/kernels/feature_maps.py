@@ -18,7 +18,7 @@ from torch import nn
 
 from . import linear
 from .base import Kernel, KernelOptions, LayerShape, accum, group_queries, one_of, positive, ungroup_output
-from .window import hybrid_attention
+from .window import hybrid_attention, update_sinks
 
 BLOCK_FEATURE_VALUES = 1 << 18  # 1 MiB of fp32 features per block: measured fastest on CPU
 QUADRATIC_SCORE_VALUES = 1 << 21  # scores per query block of the quadratic form (8 MiB in fp32)
@@ -33,6 +33,7 @@ class LinearOptions(KernelOptions):
     chunk_size: int = linear.DEFAULT_CHUNK
     window: int = 0  # W > 0: exact softmax over the last W keys, the feature map over older ones (kernels/window.py)
     window_mix: bool = False  # a learnable per-head factor λ_h = exp(θ_h) on the feature-map part (LoLCATs)
+    sinks: int = 0  # S > 0 (needs a window): the first S real tokens join the softmax part (StreamingLLM)
 
     def validate(self) -> None:
         positive("eps", self.eps, allow_none=False)
@@ -43,6 +44,12 @@ class LinearOptions(KernelOptions):
         one_of("window_mix", self.window_mix, (True, False))
         if self.window_mix and not self.window:
             raise ValueError("window_mix=True needs a window > 0 (it weighs the feature-map part against the window)")
+        if isinstance(self.sinks, bool) or not isinstance(self.sinks, int) or self.sinks < 0:
+            raise ValueError(f"sinks must be an integer >= 0 (the first S real tokens attended exactly by every "
+                             f"query; 0 = none), got {self.sinks!r}")
+        if self.sinks and not self.window:
+            raise ValueError(f"sinks={self.sinks} needs a window > 0 (sinks join the softmax window of the hybrid); "
+                             "set window=W as well, or sinks=0")
 
 
 def dense(x: torch.Tensor) -> torch.Tensor:
@@ -158,12 +165,18 @@ class LinearKernel(Kernel):
         before ``k``, and the one returned holds every key but the last W - 1."""
         fq, fk = self.features(q, k, scaling, offset)
         log_mix = self.branch_log_mix(k.shape[1], k.device)
-        return hybrid_attention(
+        sinks = None
+        if self.options.sinks:
+            sinks = update_sinks(k, v, key_mask, self.options.sinks, offset, None if state is None else state.sinks)
+        out, new_state = hybrid_attention(
             group_queries(q, k.shape[1]), k, v, fq, fk, window=self.window, scaling=scaling, causal=causal,
             key_mask=key_mask, state=state, log_decay=self.log_decay(), log_mix=log_mix,
             chunk_size=self.options.chunk_size, need_state=need_state and causal,
-            blocked=not self._needs_grad(q, k, v, state),
+            blocked=not self._needs_grad(q, k, v, state), sinks=sinks, offset=offset,
         )
+        if new_state is not None and sinks is not None:
+            new_state = linear.LinearState(new_state.S, new_state.z, sinks)
+        return out, new_state
 
     def branch_log_mix(self, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
         """ln λ ``[Hkv, G]`` of the windowed hybrid's feature-map part: the learnable factor (``window_mix``),

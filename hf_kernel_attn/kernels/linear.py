@@ -32,11 +32,34 @@ DEFAULT_CHUNK = 64
 
 
 @dataclasses.dataclass
+class SinkSet:
+    """The attention sinks of a sinks + window hybrid: the first S real keys of each row (``keys``
+    ``[B, Hkv, S, D]``, ``values`` ``[B, Hkv, S, Dv]``, absolute ``pos`` ``[B, S]``, ``valid`` ``[B, S]``: slot
+    filled), ``real_seen`` ``[B]`` real keys seen so far and ``seen``, the keys seen (positions < seen)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    pos: torch.Tensor
+    valid: torch.Tensor
+    real_seen: torch.Tensor
+    seen: int
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> SinkSet:
+        """The same sinks with ``fn`` applied to every per-row tensor (beam reorder, batch select)."""
+        return SinkSet(fn(self.keys), fn(self.values), fn(self.pos), fn(self.valid), fn(self.real_seen), self.seen)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.keys, self.values, self.pos, self.valid, self.real_seen
+
+
+@dataclasses.dataclass
 class LinearState:
-    """Σ_j γ^(t-j) φ(k_j) v_jᵀ and Σ_j γ^(t-j) φ(k_j) over the t keys seen so far."""
+    """Σ_j γ^(t-j) φ(k_j) v_jᵀ and Σ_j γ^(t-j) φ(k_j) over the t keys seen so far (the sinks of a
+    sinks + window hybrid excluded; they ride along in ``sinks``)."""
 
     S: torch.Tensor
     z: torch.Tensor
+    sinks: SinkSet | None = None
 
     @classmethod
     def zeros(cls, fk: torch.Tensor, dv: int) -> LinearState:

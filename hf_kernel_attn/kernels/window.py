@@ -6,6 +6,9 @@ one shared normaliser (LoLCATs, Zhang et al. ICLR 2025; Based, Arora et al. ICML
 
 with win(i) = {j : i - W < j ≤ i} (causal) or {j : |i - j| < W} (bidirectional), w_ij the kernel's decay
 (DiJiang: γ^|i-j|, else 1) and λ_h = exp(θ_h) an optional learnable per-head factor (1 otherwise).
+With S sinks (StreamingLLM, Xiao et al. ICLR 2024), the first S real keys of each row join the softmax
+part of every query that can see them, win(i) ∪ sinks, and leave the feature-map part; the decode state
+then holds the sinks' keys and values next to the W - 1 recent ones and the running sums.
 
 Evaluation: positions are cut into chunks of C; with L = ⌈W/C⌉, a query in chunk c has its window and
 the feature-map keys closest to it among chunks c-L … c (… c+L bidirectionally), scored explicitly (a band
@@ -21,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from .base import accum, ungroup_output
-from .linear import LinearState, accumulate, with_ones
+from .linear import LinearState, SinkSet, accumulate, with_ones
+from .softmax import gather_keys, sink_slots
 
 # without autograd: query chunks per block sized so that one block's band scores stay at 4 MiB
 BAND_SCORE_VALUES = 1 << 20
@@ -37,6 +41,31 @@ def chunk_length(window: int, chunk_size: int, length: int) -> tuple[int, int]:
         return max(1, length), 1
     c = max(1, min(max(16, window), chunk_size, length))
     return c, -(-window // c)
+
+
+def update_sinks(k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, count: int, offset: int,
+                 previous: SinkSet | None) -> SinkSet:
+    """The sinks after keys ``k``/``v`` ``[B, Hkv, M, ·]`` at positions offset … offset + M - 1 (``key_mask``
+    ``[B, M]``, None = all real): slots still empty in ``previous`` take the real keys of rank 1 … ``count``
+    among the keys not seen before (positions ≥ previous.seen)."""
+    b, h, m, _ = k.shape
+    real = torch.ones(b, m, dtype=torch.bool, device=k.device) if key_mask is None else key_mask.to(torch.bool)
+    start = 0 if previous is None else min(m, max(0, previous.seen - offset))
+    if previous is None:
+        previous = SinkSet(k.new_zeros(b, h, count, k.shape[-1]), v.new_zeros(b, h, count, v.shape[-1]),
+                           torch.zeros(b, count, dtype=torch.long, device=k.device),
+                           torch.zeros(b, count, dtype=torch.bool, device=k.device),
+                           torch.zeros(b, dtype=torch.long, device=k.device), 0)
+    new_real = real[:, start:]
+    if new_real.shape[1] == 0:
+        return previous
+    idx, pos, fresh = sink_slots(new_real, count, offset=offset + start, seen=previous.real_seen)
+    kn, vn = k[:, :, start:], v[:, :, start:]
+    sel = fresh[:, None, :, None]
+    return SinkSet(torch.where(sel, gather_keys(kn, idx).to(previous.keys.dtype), previous.keys),
+                   torch.where(sel, gather_keys(vn, idx).to(previous.values.dtype), previous.values),
+                   torch.where(fresh, pos, previous.pos), previous.valid | fresh,
+                   previous.real_seen + new_real.long().sum(-1), max(previous.seen, offset + m))
 
 
 def _decay_table(log_decay: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
@@ -61,6 +90,8 @@ def hybrid_attention(
     chunk_size: int = 64,
     need_state: bool = False,
     blocked: bool = False,
+    sinks: SinkSet | None = None,
+    offset: int = 0,
 ) -> tuple[torch.Tensor, LinearState | None]:
     """The hybrid of the module docstring for N queries at the last N of M key positions.
 
@@ -69,19 +100,28 @@ def hybrid_attention(
     to k's first position); ``log_mix`` ``[Hkv, G]`` is ln λ. Returns ``[B, N, Hq, Dv]`` in q's dtype and, with
     ``need_state`` (causal), the state of every key that is outside the window of the next position
     (positions ≤ M - W), i.e. all but the last W - 1 keys. ``blocked`` bounds temporaries (no autograd).
+    ``sinks`` (keys at absolute positions, k's first key at ``offset``): softmax keys for every query that can
+    see them, left out of the feature-map part (and the state).
     """
     out_dtype = q.dtype
     q, k, v, fq, fk = accum(q), accum(k), accum(v), accum(fq), accum(fk)
     b, hkv, g, n, _ = q.shape
     m, dv = k.shape[-2], v.shape[-1]
     kw = torch.ones(b, m, dtype=q.dtype, device=q.device) if key_mask is None else key_mask.to(q.dtype)
+    lin_w = kw  # the weight of each key in the feature-map part: 0 for padding and for the sinks
+    if sinks is not None:
+        kpos = torch.arange(offset, offset + m, device=q.device)
+        is_sink = ((kpos[None, :, None] == sinks.pos[:, None, :]) & sinks.valid[:, None, :]).any(-1)
+        lin_w = kw * (~is_sink).to(kw.dtype)
+    masked = key_mask is not None or sinks is not None
     decay = None if log_decay is None else log_decay.to(q.dtype)
     if causal:
         fold = max(0, m - n - window + 1)  # keys outside every query's window: straight into the state
         if fold:
-            state = accumulate(fk[:, :, :fold] * kw[:, None, :fold, None], v[:, :, :fold], state, decay)
-            k, v, fk, kw = k[:, :, fold:], v[:, :, fold:], fk[:, :, fold:], kw[:, fold:]
+            state = accumulate(fk[:, :, :fold] * lin_w[:, None, :fold, None], v[:, :, :fold], state, decay)
+            k, v, fk, kw, lin_w = k[:, :, fold:], v[:, :, fold:], fk[:, :, fold:], kw[:, fold:], lin_w[:, fold:]
             m -= fold
+            offset += fold
     elif state is not None:
         raise ValueError("a bidirectional window hybrid takes no state")
     state_in = state
@@ -97,7 +137,7 @@ def hybrid_attention(
         fq = F.pad(fq, (0, 0, prefix, padded - length))
     pads = (0, 0, lag * c, padded - length + lag * c)
     kp = F.pad(k, pads).mul_(scaling)  # s k: the logits come straight from one matmul
-    fkp = F.pad(fk if key_mask is None else fk * kw[:, None, :, None], pads)
+    fkp = F.pad(fk * lin_w[:, None, :, None] if masked else fk, pads)
     vp = F.pad(with_ones(v), pads)
     kwp = F.pad(kw, pads[2:])
     nf = fkp.shape[-1]
@@ -168,7 +208,17 @@ def hybrid_attention(
     mix_rows = None if mix is None else mix.repeat_interleave(c, 1).view(1, hkv, 1, g * c, 1)
     prefix_rows = None if q_to_prefix is None else per_row(q_to_prefix)
     suffix_rows = None if q_to_suffix is None else per_row(q_to_suffix)
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, fq, fk, s0, log_mix) if t is not None)
+    sink_k = sink_v = sink_seen = None
+    if sinks is not None:
+        sink_k = (accum(sinks.keys) * scaling).transpose(-1, -2).unsqueeze(2)  # [B, Hkv, 1, D, S]
+        sink_v = with_ones(accum(sinks.values)).unsqueeze(2)  # [B, Hkv, 1, S, Dv + 1]
+        # query (padded index t = key position t here) against each sink: seen through the sink columns when the
+        # sink is visible and outside the query's window (inside it, the band holds it)
+        ds = torch.arange(padded, device=q.device)[None, :, None] - (sinks.pos - offset)[:, None, :]  # [B, T, S]
+        sink_seen = ((ds >= window) if causal else (ds.abs() >= window)) & sinks.valid[:, None, :]
+        sink_seen = sink_seen.view(b, chunks, 1, c, -1).expand(-1, -1, g, -1, -1).reshape(b, 1, chunks, g * c, -1)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, fq, fk, s0, log_mix, sink_k, sink_v)
+                                           if t is not None)
     step = chunks if grad or not blocked else max(1, BAND_SCORE_VALUES // (b * hkv * g * c * width))
     outs = []
     for c0 in range(0, chunks, step):
@@ -176,7 +226,12 @@ def hybrid_attention(
         logits = q_rows[:, :, c0:c1] @ k_bands[:, :, c0:c1]  # [B, Hkv, nb, G·C, W'], s q·k
         mask = hidden_rows if real_bands is None else hidden_rows | ~real_bands[:, :, c0:c1]
         logits = logits.masked_fill(mask, float("-inf"))
-        top = logits.amax(-1, keepdim=True).clamp_min(0).detach()
+        top = logits.amax(-1, keepdim=True)
+        sink_logits = None
+        if sink_k is not None:
+            sink_logits = (q_rows[:, :, c0:c1] @ sink_k).masked_fill(~sink_seen[:, :, c0:c1], float("-inf"))
+            top = torch.maximum(top, sink_logits.amax(-1, keepdim=True))
+        top = top.clamp_min(0).detach()
         far_scale = torch.exp(-top)
         if mix_rows is not None:
             far_scale = far_scale * mix_rows
@@ -189,6 +244,8 @@ def hybrid_attention(
             far = far + (from_suffix if suffix_rows is None else from_suffix * suffix_rows)
         vb = v_bands[:, :, c0:c1]
         o = far * far_scale + torch.exp(logits - top) @ vb
+        if sink_logits is not None:
+            o = o + torch.exp(sink_logits - top) @ sink_v
         if hi > lo:
             o = o + ((fr @ fk_bands[:, :, c0:c1]) * weight_rows * far_scale) @ vb[..., lo:hi, :]
         outs.append(o[..., :dv] / o[..., dv:].clamp_min(tiny))
@@ -202,7 +259,7 @@ def hybrid_attention(
     done = length - keep
     new_state = state_in
     if done > 0 or new_state is None:
-        new_state = accumulate(fk[:, :, :done] * kw[:, None, :done, None], v[:, :, :done], state_in, decay)
+        new_state = accumulate(fk[:, :, :done] * lin_w[:, None, :done, None], v[:, :, :done], state_in, decay)
     return res, new_state
 
 
@@ -260,14 +317,20 @@ def branch_normalisers(
     log_decay: torch.Tensor | None = None,
     log_mix: torch.Tensor | None = None,
     block: int = 256,
+    sinks: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The two parts of the hybrid's normaliser for every query, written out (O(N·M), a diagnostic):
-    window_i = Σ_{j∈win(i)} e^{s q_i·k_j - m_i} and far_i = λ_h Σ_{j∉win(i)} w_ij φ(q_i)·φ(k_j) e^{-m_i}, with
+    window_i = Σ_{j∈win(i)} e^{s q_i·k_j - m_i} and far_i = λ_h Σ_{j∉win(i)} w_ij φ(q_i)·φ(k_j) e^{-m_i} (the first
+    ``sinks`` real keys count as window keys), with
     m_i as in :func:`hybrid_attention` (the shares far / (window + far) do not depend on it). Shapes as
     :func:`hybrid_attention` (``q`` grouped ``[B, Hkv, G, N, D]``, no state); returns two ``[B, Hkv, G, N]``."""
     q, k, fq, fk = accum(q), accum(k), accum(fq), accum(fk)
     n, m = q.shape[-2], k.shape[-2]
     real = None if key_mask is None else key_mask.to(torch.bool)[:, None, None, None, :]  # [B, 1, 1, 1, M]
+    sink = None  # [B, 1, 1, 1, M]: the first ``sinks`` real keys, in the softmax part
+    if sinks:
+        flags = torch.ones(q.shape[0], m, dtype=torch.bool, device=q.device) if key_mask is None else key_mask.bool()
+        sink = (flags & (flags.long().cumsum(-1) <= sinks))[:, None, None, None, :]
     mix = None if log_mix is None else log_mix.to(q.dtype).exp()[None, :, :, None]  # [1, Hkv, G, 1]
     j = torch.arange(m, device=q.device)
     wins, fars = [], []
@@ -276,6 +339,8 @@ def branch_normalisers(
         dist = i - j[None, :]  # query position - key position, [nb, M]
         visible = dist >= 0 if causal else torch.ones_like(dist, dtype=torch.bool)
         in_window = visible & (dist.abs() < window)
+        if sink is not None:
+            in_window = in_window | (visible & sink)
         outside = visible & ~in_window
         if real is not None:
             in_window, outside = in_window & real, outside & real

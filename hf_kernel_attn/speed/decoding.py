@@ -14,7 +14,7 @@ from ..integration.attention import KERNEL_ATTR
 from ..integration.cache import RecurrentStateCache, RecurrentStateLayer, wants_state_cache
 from ..integration.patching import attention_modules, patch
 from ..kernels.base import accum
-from ..kernels.linear import LinearState
+from ..kernels.linear import LinearState, SinkSet
 
 
 def new_cache(model: torch.nn.Module):
@@ -74,7 +74,14 @@ def synthetic_cache(model, context: int, *, batch: int = 1, seed: int = 0):
             s_mat = torch.rand(batch, hkv, f, d, generator=gen, dtype=dtype).to(param.device)
             z = (1.0 + torch.rand(batch, hkv, f, generator=gen, dtype=dtype)).to(param.device)
             layer.lazy_initialization(z, z)
-            layer.state = LinearState(s_mat, z)
+            sinks = None
+            count = getattr(kernel.options, "sinks", 0)
+            if count:  # the first S tokens' keys/values, as a prefill of that length would have kept them
+                sk, sv = (torch.randn(batch, hkv, count, d, generator=gen).to(param.device, param.dtype) for _ in "kv")
+                sinks = SinkSet(sk, sv, torch.arange(count, device=param.device).expand(batch, count).clone(),
+                                torch.ones(batch, count, dtype=torch.bool, device=param.device),
+                                torch.full((batch,), context, dtype=torch.long, device=param.device), context)
+            layer.state = LinearState(s_mat, z, sinks)
             layer.cumulative_length = context
         else:
             k, v = (torch.randn(batch, hkv, context, d, generator=gen).to(param.device, param.dtype) for _ in "kv")

@@ -1,0 +1,118 @@
+"""Sinks + window + feature map (option ``sinks`` of the window hybrid): against the float64 brute force of
+tests/reference.py (the first S real keys of each row in the softmax part), gradients, decoding in pieces,
+and cached generation on SmolLM2."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import reference as ref  # noqa: E402
+from test_window import SCALING, compare, inputs, make, padding  # noqa: E402
+
+import hf_kernel_attn  # noqa: E402
+from hf_kernel_attn.integration.cache import RecurrentStateCache  # noqa: E402
+from hf_kernel_attn.kernels import window  # noqa: E402
+
+
+@pytest.mark.parametrize("name", ["elu", "dijiang", "hedgehog", "cosformer"])
+@pytest.mark.parametrize("window_size, sinks", [(1, 1), (7, 4), (20, 3)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_sinks_against_brute_force(name, window_size, sinks, causal, monkeypatch):
+    """GQA 4/2, key padding (the sinks are each row's first real keys), N = M and N < M, several chunks and
+    blocks."""
+    monkeypatch.setattr(window, "BAND_SCORE_VALUES", 4096)
+    kern = make(name, window_size, sinks=sinks)
+    for n, m in [(90, 90), (9, 70)]:
+        q, k, v = inputs(2, 4, 2, n, m)
+        compare(kern, q, k, v, padding(2, m, causal), causal, 1e-10)
+        compare(kern, q, k, v, None, causal, 1e-10)
+
+
+def test_sinks_change_the_output():
+    """The sinks matter: with W = 8, S = 4 the output equals the window hybrid's for queries 0 … 7 (every key they
+    see is in their window) and differs for every later query (key 0 is outside its window)."""
+    q, k, v = inputs(1, 4, 2, 40, 40)
+    plain, sunk = make("hedgehog", 8), make("hedgehog", 8, sinks=4)
+    sunk.load_state_dict(plain.state_dict())
+    a, b = plain(q, k, v, causal=True), sunk(q, k, v, causal=True)
+    assert (a[:, :8] - b[:, :8]).abs().max() < 1e-12
+    assert (a[:, 8:] - b[:, 8:]).abs().amax((-1, -2)).min() > 1e-6
+
+
+def test_sinks_gradients_match_brute_force():
+    kern = make("hedgehog", 5, sinks=3)
+    q, k, v = (t.requires_grad_() for t in inputs(2, 4, 2, 40, 40, seed=2))
+    mask = padding(2, 40, True)
+    rows = ref.real_queries(2, 40, 40, True, mask)
+    gout = torch.randn(2, 40, 4, 5, dtype=torch.float64) * rows[:, :, None, None]
+    params = [p for p in kern.parameters() if p.requires_grad]
+    got = torch.autograd.grad((kern(q, k, v, key_mask=mask, causal=True, scaling=SCALING) * gout).sum(),
+                              [q, k, v, *params])
+    want = torch.autograd.grad((ref.reference(kern, q, k, v, key_mask=mask, causal=True, scaling=SCALING)
+                                * gout).sum(), [q, k, v, *params])
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["hedgehog", "dijiang"])
+def test_sinks_decoding_in_pieces_equals_one_pass(name):
+    """The state carries the sinks: pieces (the kept W - 1 keys first) with left padding that covers the
+    first pieces give the one-pass outputs."""
+    window_size = 5
+    kern = make(name, window_size, sinks=3, chunk_size=8)
+    q, k, v = inputs(2, 4, 2, 41, 41, seed=5)
+    mask = torch.ones(2, 41, dtype=torch.bool)
+    mask[1, :12] = False  # row 1: its sinks are at 12, 13, 14, after two whole pieces of padding
+    full = kern(q, k, v, key_mask=mask, causal=True)
+    state, start, pos, outs = None, 0, 0, []
+    for piece in (6, 5, 1, 7, 1, 1, 1, 19):
+        ks, vs = k[:, :, start:pos + piece], v[:, :, start:pos + piece]
+        out, state = kern.forward_with_state(q[:, :, pos:pos + piece], ks, vs, key_mask=mask[:, start:pos + piece],
+                                             causal=True, state=state, offset=start)
+        outs.append(out)
+        pos += piece
+        start = max(0, pos - (window_size - 1))
+    assert state.sinks is not None and state.sinks.valid.all()
+    assert state.sinks.pos.tolist() == [[0, 1, 2], [12, 13, 14]]
+    rows = mask[:, :, None, None]
+    assert ((torch.cat(outs, 1) - full).abs() * rows).max().item() <= 1e-12
+
+
+def test_bad_sink_options():
+    from hf_kernel_attn.kernels import LayerShape, build_kernel
+
+    for params, message in [({"sinks": 4}, "sinks=4 needs a window > 0"),
+                            ({"window": 8, "sinks": -1}, "sinks must be an integer >= 0"),
+                            ({"window": 8, "sinks": 1.5}, "sinks must be an integer >= 0")]:
+        with pytest.raises(ValueError, match=message):
+            build_kernel("hedgehog", LayerShape(4, 2, 8, 0, 128), params)
+
+
+def test_smollm2_sinks_window_generation_after_2k_prompt(smollm2, smollm2_tok, fresh):
+    """Cached greedy generation (hedgehog + window 64 + 4 sinks, 32 tokens after a 2,048-token prompt) equals
+    recomputation: one uncached forward over the generated sequence picks the same token at every step. The
+    cache is the same size after 128 and 2,048 tokens."""
+    fresh(smollm2)
+    hf_kernel_attn.patch(smollm2, kernel="hedgehog", window=64, sinks=4)
+    text = open(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "wikitext-2-raw",
+                             "wiki.valid.raw")).read()[:20000]
+    ids = smollm2_tok(text, return_tensors="pt").input_ids[:, :2048]
+    assert ids.shape[1] == 2048
+    with torch.no_grad():
+        seq = smollm2.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, min_new_tokens=32,
+                               do_sample=False)
+        logits = smollm2(seq[:, :-1], use_cache=False).logits
+    assert torch.equal(logits[0, 2047:].argmax(-1), seq[0, 2048:])
+    sizes = {}
+    with torch.no_grad():
+        for n in (128, 2048):
+            cache = RecurrentStateCache(smollm2)
+            smollm2(ids[:, :n], cache=cache, use_cache=True)
+            sizes[n] = cache.nbytes()
+    assert sizes[128] == sizes[2048] > 0
