@@ -209,10 +209,18 @@ def _linear_from_scores(kern, q, k, scaling, causal, scores, vd, vis, decay=None
     λ_h = exp(window_log_mix[h]) or 1."""
     w = scores if decay is None else scores * decay
     window = getattr(kern.options, "window", 0)
-    if not window:
-        return normalised_kernel(w, vd, vis, eps=kern.options.eps)
+    exact = list(getattr(kern.options, "softmax_heads", []))
     n, m, hq = q.shape[-2], k.shape[-2], q.shape[1]
     logits = _scale(q, scaling) * torch.einsum("bhnd,bhmd->bhnm", q.to(f64), repeat_kv(k.to(f64), hq))
+    if exact:  # these query heads: exp(s q·k) over every visible key, whatever the rest does
+        soft = softmax_from_logits(logits, vd, vis.expand(-1, hq, -1, -1))  # [B, N, Hq, Dv]
+        plain = kern.options.__class__(**{**vars(kern.options), "softmax_heads": []})
+        rest = _linear_from_scores(type("K", (), {"options": plain, "window_log_mix": getattr(
+            kern, "window_log_mix", None)})(), q, k, scaling, causal, scores, vd, vis, decay)
+        rest[:, :, exact] = soft[:, :, exact]
+        return rest
+    if not window:
+        return normalised_kernel(w, vd, vis, eps=kern.options.eps)
     d = query_positions(n, m)[:, None] - key_positions(m)[None, :]
     in_window = ((d >= 0) & (d < window)) if causal else d.abs() < window
     sinks = getattr(kern.options, "sinks", 0)

@@ -15,8 +15,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import reference as ref  # noqa: E402
 from test_window import SCALING, compare, inputs, make, padding  # noqa: E402
 
-import hf_kernel_attn  # noqa: E402
-from hf_kernel_attn.integration.cache import RecurrentStateCache  # noqa: E402
 from hf_kernel_attn.kernels import window  # noqa: E402
 
 
@@ -93,26 +91,4 @@ def test_bad_sink_options():
         with pytest.raises(ValueError, match=message):
             build_kernel("hedgehog", LayerShape(4, 2, 8, 0, 128), params)
 
-
-def test_smollm2_sinks_window_generation_after_2k_prompt(smollm2, smollm2_tok, fresh):
-    """Cached greedy generation (hedgehog + window 64 + 4 sinks, 32 tokens after a 2,048-token prompt) equals
-    recomputation: one uncached forward over the generated sequence picks the same token at every step. The
-    cache is the same size after 128 and 2,048 tokens."""
-    fresh(smollm2)
-    hf_kernel_attn.patch(smollm2, kernel="hedgehog", window=64, sinks=4)
-    text = open(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "wikitext-2-raw",
-                             "wiki.valid.raw")).read()[:20000]
-    ids = smollm2_tok(text, return_tensors="pt").input_ids[:, :2048]
-    assert ids.shape[1] == 2048
-    with torch.no_grad():
-        seq = smollm2.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, min_new_tokens=32,
-                               do_sample=False)
-        logits = smollm2(seq[:, :-1], use_cache=False).logits
-    assert torch.equal(logits[0, 2047:].argmax(-1), seq[0, 2048:])
-    sizes = {}
-    with torch.no_grad():
-        for n in (128, 2048):
-            cache = RecurrentStateCache(smollm2)
-            smollm2(ids[:, :n], cache=cache, use_cache=True)
-            sizes[n] = cache.nbytes()
-    assert sizes[128] == sizes[2048] > 0
+# SmolLM2 (cached generation after a 2k prompt with sinks + window): tests/test_softmax_heads.py

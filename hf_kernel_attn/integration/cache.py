@@ -126,7 +126,8 @@ class RecurrentStateLayer(DynamicLayer):
     def _map_state(self, fn) -> None:
         if self.state is not None:
             sinks = None if self.state.sinks is None else self.state.sinks.map(fn)
-            self.state = LinearState(fn(self.state.S), fn(self.state.z), sinks)
+            exact = None if self.state.exact is None else self.state.exact.map(fn)
+            self.state = LinearState(fn(self.state.S), fn(self.state.z), sinks, exact)
         if self.window_keys is not None:
             self.window_keys, self.window_values = fn(self.window_keys), fn(self.window_values)
 
@@ -140,10 +141,13 @@ class RecurrentStateLayer(DynamicLayer):
         self._map_state(lambda t: t[indices])
 
     def nbytes(self) -> int:
-        """The state plus the window's K/V (at most W - 1 positions) and the sinks: constant in the context."""
+        """The state plus the window's K/V (at most W - 1 positions) and the sinks: constant in the context; plus,
+        with ``softmax_heads``, every key/value of their KV heads."""
         total = 0 if self.state is None else _bytes(self.state.S, self.state.z)
         if self.state is not None and self.state.sinks is not None:
             total += _bytes(*self.state.sinks.tensors())
+        if self.state is not None and self.state.exact is not None:  # grows with the context
+            total += _bytes(*self.state.exact.tensors())
         if self.window_keys is not None:
             total += _bytes(self.window_keys, self.window_values)
         return total

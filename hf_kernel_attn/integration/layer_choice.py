@@ -1,5 +1,7 @@
 """Automatic per-layer kernel choice: ``layers="auto:K"`` keeps as softmax the K attention layers whose kernel
-is furthest from softmax on calibration text, and converts the rest.
+is furthest from softmax on calibration text, and converts the rest; ``heads="auto:K"`` (training) keeps the K
+query heads furthest from softmax, over the whole model, as exact softmax heads inside their converted layers
+(the kernel option ``softmax_heads``).
 
 A layer's error is its attention-transfer loss (integration/transfer.py, LoLCATs' layer-local output MSE):
 mean (y_kernel - y_softmax)² over the calibration tokens, with every layer fed the original model's
@@ -16,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import KernelAttentionConfig
+from ..config import KernelAttentionConfig, LayerChoice
 from .transfer import attention_transfer
 
 logger = logging.getLogger("hf_kernel_attn")
@@ -132,3 +134,69 @@ def auto_patch(model: nn.Module, kernel: str, k: int, calibration: Any, **params
     logger.info("layers=auto:%d: keeping layers %s as softmax (transfer errors %s)", k, record["softmax_layers"],
                 {i: f"{record['errors'][str(i)]:.3g}" for i in record["softmax_layers"]})
     return model
+
+
+# ------------------------------------------------------------------------------------------ per-head choice
+@torch.no_grad()
+def head_transfer_errors(model: nn.Module, calibration: Any) -> dict[int, list[float]]:
+    """Per attention layer that runs a non-softmax kernel: the mean transfer loss of each query head over the
+    calibration batches (the layer loss of :func:`transfer_errors`, split by head)."""
+    totals: dict[int, torch.Tensor] = {}
+    counts: dict[int, int] = {}
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        for batch in _as_batches(calibration):
+            inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+            inputs.update(_cheap_forward_kwargs(model))
+            with attention_transfer() as rec:
+                model(**inputs)
+                for layer, per_head in zip(rec.layers, rec.head_losses, strict=True):
+                    totals[layer] = totals.get(layer, 0) + per_head.double().cpu()
+                    counts[layer] = counts.get(layer, 0) + 1
+    finally:
+        model.train(was_training)
+    return {layer: (totals[layer] / counts[layer]).tolist() for layer in sorted(totals)}
+
+
+def choose_softmax_heads(errors: dict[int, list[float]], k: int) -> dict[int, list[int]]:
+    """The K (layer, head) pairs with the largest errors over the whole model (ties: lower layer, then head),
+    as {layer: sorted heads}."""
+    pairs = [(layer, head) for layer, row in errors.items() for head in range(len(row))]
+    ranked = sorted(pairs, key=lambda p: (-errors[p[0]][p[1]], p[0], p[1]))[:k]
+    chosen: dict[int, list[int]] = {}
+    for layer, head in ranked:
+        chosen.setdefault(layer, []).append(head)
+    return {layer: sorted(heads) for layer, heads in sorted(chosen.items())}
+
+
+def measure_head_choice(model: nn.Module, k: int, calibration: Any) -> dict[str, Any]:
+    """The record of an automatic head choice (``heads="auto:K"``): every converted head's transfer error on the
+    calibration batches and the K largest, to be kept as exact softmax."""
+    batches = _as_batches(calibration)
+    errors = head_transfer_errors(model, batches)
+    total = sum(len(row) for row in errors.values())
+    if k > total:
+        raise ValueError(f"heads='auto:{k}': cannot keep {k} heads as softmax, the converted layers have {total}")
+    return {"keep_softmax_heads": k,
+            "softmax_heads": {str(i): h for i, h in choose_softmax_heads(errors, k).items()},
+            "head_errors": {str(i): row for i, row in errors.items()},
+            "head_calibration_tokens": sum(int(b["input_ids"].numel()) for b in batches if "input_ids" in b)}
+
+
+def apply_head_choice(model: nn.Module, record: dict[str, Any]) -> nn.Module:
+    """Give each chosen layer its ``softmax_heads`` (per-layer options; every other option and the trained
+    feature maps stay), and add ``record`` to ``config.kernel_attention["auto"]``."""
+    from .patching import apply_config, kernel_config
+
+    kcfg = kernel_config(model)
+    if kcfg is None:
+        raise ValueError("a head choice needs a model patched with hf_kernel_attn")
+    layers = dict(kcfg.layers)
+    for key, heads in record["softmax_heads"].items():
+        idx = int(key)
+        choice = kcfg.for_layer(idx)
+        layers[idx] = LayerChoice(choice.kernel, {**choice.params, "softmax_heads": list(heads)})
+    new = KernelAttentionConfig(kcfg.kernel, dict(kcfg.params), layers, {**(kcfg.auto or {}), **record})
+    return apply_config(model, new)

@@ -11,6 +11,7 @@ Three entry points share one implementation (:func:`apply_config`):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -140,7 +141,18 @@ def _attach(model: nn.Module, modules: list[nn.Module], kcfg: KernelAttentionCon
             kernel = build_kernel(choice.kernel, shape, choice.params)
         if ref is not None and ref.is_floating_point() and not ref.is_meta:
             kernel.to(dtype=ref.dtype)
+        if _only_heads_differ(existing, kernel):  # a head choice keeps the trained feature maps
+            kernel.load_state_dict(existing.state_dict())
         setattr(module, KERNEL_ATTR, kernel)
+
+
+def _only_heads_differ(old: Any, new: Kernel) -> bool:
+    """Same kernel and layer, options equal but for ``softmax_heads``."""
+    if not isinstance(old, Kernel) or (old.name, old.shape) != (new.name, new.shape):
+        return False
+    if not hasattr(old.options, "softmax_heads"):
+        return False
+    return dataclasses.replace(old.options, softmax_heads=new.options.softmax_heads) == new.options
 
 
 def apply_config(model: nn.Module, kcfg: KernelAttentionConfig) -> nn.Module:

@@ -35,6 +35,7 @@ class AttentionTransfer:
         self.loss = loss
         self.losses: list[torch.Tensor] = []
         self.layers: list[int] = []  # the attention layer of each loss
+        self.head_losses: list[torch.Tensor] = []  # per layer: the loss of each query head ``[Hq]``, detached
 
     def total(self) -> torch.Tensor:
         """Σ_l L_l (each layer's parameters get only their own layer's gradient)."""
@@ -51,6 +52,7 @@ class AttentionTransfer:
     def clear(self) -> None:
         self.losses.clear()
         self.layers.clear()
+        self.head_losses.clear()
 
     def step(self, kernel: Kernel, q, k, v, *, key_mask, causal: bool, scaling: float | None) -> torch.Tensor:
         q, k, v = q.detach(), k.detach(), v.detach()
@@ -62,9 +64,12 @@ class AttentionTransfer:
             if key_mask is not None and q.shape[-2] == k.shape[-2]:
                 rows = key_mask.to(diff.dtype)[:, :, None, None]  # pad queries carry no signal
                 loss = (diff * rows).sum() / (rows.sum() * diff.shape[2] * diff.shape[3]).clamp_min(1)
+                per_head = (diff.detach() * rows).sum((0, 1, 3)) / (rows.sum() * diff.shape[3]).clamp_min(1)
             else:
                 loss = diff.mean()
+                per_head = diff.detach().mean((0, 1, 3))
         self.losses.append(loss)
+        self.head_losses.append(per_head)
         self.layers.append(kernel.shape.layer_idx)
         return teacher
 

@@ -17,7 +17,17 @@ import torch
 from torch import nn
 
 from . import linear
-from .base import Kernel, KernelOptions, LayerShape, accum, group_queries, one_of, positive, ungroup_output
+from .base import (
+    Kernel,
+    KernelOptions,
+    LayerShape,
+    accum,
+    group_queries,
+    one_of,
+    positive,
+    ungroup_output,
+    visibility_mask,
+)
 from .window import hybrid_attention, update_sinks
 
 BLOCK_FEATURE_VALUES = 1 << 18  # 1 MiB of fp32 features per block: measured fastest on CPU
@@ -34,6 +44,7 @@ class LinearOptions(KernelOptions):
     window: int = 0  # W > 0: exact softmax over the last W keys, the feature map over older ones (kernels/window.py)
     window_mix: bool = False  # a learnable per-head factor λ_h = exp(θ_h) on the feature-map part (LoLCATs)
     sinks: int = 0  # S > 0 (needs a window): the first S real tokens join the softmax part (StreamingLLM)
+    softmax_heads: list[int] = dataclasses.field(default_factory=list)  # query heads kept as exact softmax
 
     def validate(self) -> None:
         positive("eps", self.eps, allow_none=False)
@@ -50,6 +61,13 @@ class LinearOptions(KernelOptions):
         if self.sinks and not self.window:
             raise ValueError(f"sinks={self.sinks} needs a window > 0 (sinks join the softmax window of the hybrid); "
                              "set window=W as well, or sinks=0")
+        heads = self.softmax_heads
+        if isinstance(heads, tuple):
+            self.softmax_heads = heads = list(heads)
+        if (not isinstance(heads, list) or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in heads)
+                or len(set(heads)) != len(heads)):
+            raise ValueError(f"softmax_heads must be a list of distinct query-head indices >= 0 (the heads of the "
+                             f"layer kept as exact softmax attention), got {heads!r}")
 
 
 def dense(x: torch.Tensor) -> torch.Tensor:
@@ -70,6 +88,10 @@ class LinearKernel(Kernel):
 
     def __init__(self, shape: LayerShape, options: LinearOptions) -> None:
         super().__init__(shape, options)
+        bad = [h for h in options.softmax_heads if h >= shape.num_heads]
+        if bad:
+            raise ValueError(f"softmax_heads={options.softmax_heads}: head index {bad} out of range, the layer has "
+                             f"{shape.num_heads} query heads (valid 0..{shape.num_heads - 1})")
         if options.window_mix:
             self.window_log_mix = nn.Parameter(torch.zeros(shape.num_heads))  # ln λ_h per query head
 
@@ -123,9 +145,52 @@ class LinearKernel(Kernel):
     ) -> tuple[torch.Tensor, linear.LinearState | None]:
         """Like ``forward``; with ``causal`` also returns the state after the last key (``state`` = the
         keys before these, ``offset`` = how many there were). ``need_state=False`` allows returning None
-        instead, when a cheaper evaluation order has no state."""
+        instead, when a cheaper evaluation order has no state.
+
+        With ``softmax_heads`` those query heads run exact softmax over every key, softmax_j(s q_i·k_j), in the
+        same layer (the rest keep the feature map; retrieval-aware head selection: Wu et al. 2024, "Retrieval
+        Head Mechanistically Explains Long-Context Factuality"); the state then also keeps every key/value of
+        their KV heads."""
         self.check_inputs(q, k, v, causal)
         scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
+        heads = self.options.softmax_heads
+        out, new_state = self._feature_map_with_state(q, k, v, key_mask, causal, scaling, state, offset,
+                                                      need_state or bool(heads))
+        if not heads:
+            return out, new_state
+        return self._exact_heads(q, k, v, key_mask, causal, scaling, state, offset, need_state, out, new_state)
+
+    def _exact_heads(self, q, k, v, key_mask, causal, scaling, state, offset, need_state, out, new_state):
+        """Overwrite the ``softmax_heads`` of ``out`` ``[B, N, Hq, Dv]`` with exact softmax over every key seen
+        (the kept K/V of earlier calls, then these)."""
+        heads = self.options.softmax_heads
+        g = q.shape[1] // k.shape[1]
+        kv_heads = sorted({h // g for h in heads})
+        b, m = k.shape[0], k.shape[-2]
+        real = torch.ones(b, m, dtype=torch.bool, device=k.device) if key_mask is None else key_mask.to(torch.bool)
+        keys, values = k[:, kv_heads], v[:, kv_heads]
+        previous = None if state is None else state.exact
+        if previous is not None:
+            new_from = min(m, max(0, previous.keys.shape[-2] - offset))  # the first key not kept yet
+            keys = torch.cat([previous.keys, keys[:, :, new_from:].to(previous.keys.dtype)], -2)
+            values = torch.cat([previous.values, values[:, :, new_from:].to(previous.values.dtype)], -2)
+            real = torch.cat([previous.real, real[:, new_from:]], -1)
+        elif causal and (offset or state is not None):
+            raise ValueError(f"{self.name}: softmax_heads={heads} need every earlier key, but the state holds none; "
+                             "decode with the cache the kernel's own forward returned")
+        slot = {kv: i for i, kv in enumerate(kv_heads)}
+        pick = [slot[h // g] for h in heads]
+        n, total = q.shape[-2], keys.shape[-2]
+        mask = visibility_mask(None if key_mask is None and previous is None else real, n, total, causal, q.device)
+        exact = torch.nn.functional.scaled_dot_product_attention(
+            accum(q[:, heads]), accum(keys[:, pick]), accum(values[:, pick]), attn_mask=mask, scale=scaling)
+        index = torch.tensor(heads, device=out.device)
+        out = out.index_copy(2, index, exact.transpose(1, 2).to(out.dtype))
+        if not (causal and need_state) or new_state is None:
+            return out, None if not (causal and need_state) else new_state
+        return out, dataclasses.replace(new_state, exact=linear.ExactKV(keys, values, real))
+
+    def _feature_map_with_state(self, q, k, v, key_mask, causal, scaling, state, offset, need_state):
         if self.window:
             return self._windowed(q, k, v, key_mask, causal, scaling, state, offset, need_state)
         # bidirectional: the evaluation order is chosen by cost alone (every form is differentiable), so the

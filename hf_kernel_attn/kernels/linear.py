@@ -53,13 +53,31 @@ class SinkSet:
 
 
 @dataclasses.dataclass
+class ExactKV:
+    """Every key/value seen so far of the KV heads that a layer's exact-softmax heads read (``keys``
+    ``[B, Hs, T, D]``, ``values`` ``[B, Hs, T, Dv]``, ``real`` ``[B, T]``): the part of a per-head hybrid's cache
+    that grows with the context."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    real: torch.Tensor
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ExactKV:
+        return ExactKV(fn(self.keys), fn(self.values), fn(self.real))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.keys, self.values, self.real
+
+
+@dataclasses.dataclass
 class LinearState:
     """Σ_j γ^(t-j) φ(k_j) v_jᵀ and Σ_j γ^(t-j) φ(k_j) over the t keys seen so far (the sinks of a
-    sinks + window hybrid excluded; they ride along in ``sinks``)."""
+    sinks + window hybrid excluded; they ride along in ``sinks``, and the exact heads' K/V in ``exact``)."""
 
     S: torch.Tensor
     z: torch.Tensor
     sinks: SinkSet | None = None
+    exact: ExactKV | None = None  # per-head hybrids: the K/V of the exact-softmax heads' KV heads
 
     @classmethod
     def zeros(cls, fk: torch.Tensor, dv: int) -> LinearState:

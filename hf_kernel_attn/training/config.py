@@ -31,6 +31,7 @@ DEFAULTS: dict[str, Any] = {
     "kernel": None,
     "kernel_params": {},
     "layers": None,              # list of layer indices, {index: kernel}, or "auto:K"; None = every layer
+    "heads": None,               # "auto:K": after transfer, the K query heads furthest from softmax stay exact softmax
     "data": {
         "train": [],             # local files, or a hub dataset id (string)
         "glue_task": None,       # sst2 | mrpc | rte | cola | stsb | qnli: column layout of GLUE files
@@ -253,6 +254,20 @@ def validate(config: dict[str, Any]) -> None:
             KernelAttentionConfig.create(config["kernel"], layers, num_layers=1 << 30)
         except ValueError as exc:
             raise ConfigError(f"layers: {exc}") from None
+    heads = config["heads"]
+    if heads is not None:
+        from ..integration.layer_choice import parse_auto
+
+        bad = f"heads must be null or 'auto:K' (K = query heads kept as exact softmax, an integer >= 1), got {heads!r}"
+        _check(isinstance(heads, str), bad)
+        try:
+            keep = parse_auto(heads)
+        except ValueError:
+            raise ConfigError(bad) from None
+        _check(keep >= 1, bad)
+        _check(KERNELS[config["kernel"]].is_linear,
+               f"heads: 'auto:K' keeps some heads of feature-map layers exact; kernel {config['kernel']!r} is not a "
+               f"feature-map kernel (one of {sorted(n for n, c in KERNELS.items() if c.is_linear)})")
     try:
         validate_params(config["kernel"], config["kernel_params"])
     except ValueError as exc:

@@ -46,10 +46,12 @@ from . import checkpoint as ckpt
 from .config import STAGES, dump_config
 from .data import BatchPlan, check_training_data, glue_examples, sentences, text_blocks
 from .losses import distillation_loss
+from .recall_data import with_recall_facts
 
 LOG_FILE = "training_log.jsonl"
 VALIDATION_FILE = "validation.jsonl"
 AUTO_LAYERS_FILE = "auto_layers.json"  # layers: auto:K -- the layers kept as softmax and every layer's error
+AUTO_HEADS_FILE = "auto_heads.json"  # heads: auto:K -- the heads kept as exact softmax and every head's error
 _AUTO_CLASS = {
     "causal_lm": "AutoModelForCausalLM",
     "sequence_classification": "AutoModelForSequenceClassification",
@@ -188,6 +190,8 @@ class Trainer:
             model.config.pad_token_id = self.tokenizer.pad_token_id
         self.auto_keep = parse_auto(cfg["layers"])
         self._auto_applied = False
+        self.auto_heads = parse_auto(cfg["heads"]) if cfg["heads"] else None
+        self._heads_applied = False
         # layers: auto:K converts every layer first; the choice is made after attention transfer
         patch(model, kernel=cfg["kernel"], layers=None if self.auto_keep is not None else cfg["layers"],
               **cfg["kernel_params"])
@@ -367,6 +371,46 @@ class Trainer:
             worst = {i: round(record["errors"][str(i)], 6) for i in record["softmax_layers"]}
             print(f"layers auto:{self.auto_keep}: keeping layers {record['softmax_layers']} as softmax "
                   f"(transfer errors {worst}; all layers in {path})", flush=True)
+
+    def _apply_auto_heads(self) -> None:
+        """``heads: auto:K``: once attention transfer is over (and after ``layers: auto:K``), keep the K query heads
+        with the largest transfer error as exact softmax inside their layers (kernel option ``softmax_heads``).
+        With recall text (``data.recall_fraction``), the calibration blocks carry recall facts, so heads that
+        retrieve weigh in. Written to auto_heads.json and reused on resume."""
+        if self.auto_heads is None or self._heads_applied:
+            return
+        from ..integration.layer_choice import apply_head_choice, measure_head_choice
+
+        path = self.out / AUTO_HEADS_FILE
+        if path.exists():
+            record = json.loads(path.read_text())
+        else:
+            batches = self._calibration_batches()
+            data = self.config["data"]
+            if self.task == "causal_lm" and data["recall_fraction"]:
+                def encode(text: str) -> list[int]:
+                    return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+                batches = [{"input_ids": with_recall_facts(b["input_ids"], encode, fraction=1.0,
+                                                           max_facts=data["recall_max_facts"],
+                                                           seed=self.config["seed"] + 1)} for b in batches]
+            record = measure_head_choice(self.model, self.auto_heads, batches)
+            if self.main:
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(record, indent=2) + "\n")
+                os.replace(tmp, path)
+            _barrier()
+        apply_head_choice(self._base_model(), record)
+        # the chosen layers' kernels were rebuilt (with their trained parameters): new parameter objects
+        self.kernel_params = {id(p) for n, p in self.model.named_parameters()
+                              if ".kernel_attn." in n and p.requires_grad}
+        self._heads_applied = True
+        if self.main:
+            print(f"heads auto:{self.auto_heads}: exact softmax heads {record['softmax_heads']} (all heads' errors in "
+                  f"{path})", flush=True)
+
+    def _base_model(self):
+        return self.model.get_base_model() if self._is_peft() else self.model
 
     # ---------------------------------------------------------------- stages
     def _trains(self, stage: str) -> str:
@@ -550,6 +594,7 @@ class Trainer:
         for i, stage in enumerate(active):
             if stage != "transfer":
                 self._apply_auto_layers()
+                self._apply_auto_heads()
             if i < done_before:
                 self._enter(stage)
                 continue
@@ -563,6 +608,7 @@ class Trainer:
                 state.update(stage=stage, stage_step=0, stage_done=False, stage_seconds=0.0)
                 self._run_stage(stage, state, None)
         self._apply_auto_layers()
+        self._apply_auto_heads()
         path = self._save_final()
         self.accelerator.end_training()
         return path

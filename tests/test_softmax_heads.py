@@ -1,0 +1,200 @@
+"""Per-head hybrids (option ``softmax_heads``): the chosen query heads run exact softmax over every key, the
+others their feature map (with or without the window and sinks). Against the float64 brute force of
+tests/reference.py, gradients, decoding in pieces, and SmolLM2 cached generation after a 2k prompt."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import reference as ref  # noqa: E402
+from test_window import SCALING, compare, inputs, make, padding  # noqa: E402
+
+import hf_kernel_attn  # noqa: E402
+from hf_kernel_attn.integration.cache import RecurrentStateCache  # noqa: E402
+from hf_kernel_attn.kernels import LayerShape, build_kernel  # noqa: E402
+
+
+@pytest.mark.parametrize("name, params", [("elu", {}), ("hedgehog", {"window": 7}),
+                                          ("dijiang", {"window": 5, "sinks": 2}), ("cosformer", {})])
+@pytest.mark.parametrize("heads", [[0], [1, 2], [3, 0, 2]])
+@pytest.mark.parametrize("causal", [True, False])
+def test_softmax_heads_against_brute_force(name, params, heads, causal):
+    params = dict(params)
+    window_size = params.pop("window", 0)
+    kern = make(name, window_size, mix=bool(window_size), softmax_heads=heads, **params)
+    for n, m in [(70, 70), (9, 40)]:
+        q, k, v = inputs(2, 4, 2, n, m)
+        compare(kern, q, k, v, padding(2, m, causal), causal, 1e-10)
+        compare(kern, q, k, v, None, causal, 1e-10)
+
+
+def test_softmax_heads_are_exactly_softmax_and_the_others_untouched():
+    q, k, v = inputs(1, 4, 2, 50, 50)
+    plain = make("hedgehog", 8)
+    mixed = make("hedgehog", 8, softmax_heads=[2])
+    mixed.load_state_dict(plain.state_dict())
+    a, b = plain(q, k, v, causal=True), mixed(q, k, v, causal=True)
+    assert torch.equal(a[:, :, [0, 1, 3]], b[:, :, [0, 1, 3]])
+    want = ref.softmax_ref(None, q, k, v, causal=True)
+    assert (b[:, :, 2] - want[:, :, 2]).abs().max() < 1e-12
+
+
+def test_softmax_heads_gradients_match_brute_force():
+    kern = make("hedgehog", 5, softmax_heads=[1, 3], sinks=1)
+    q, k, v = (t.requires_grad_() for t in inputs(2, 4, 2, 30, 30, seed=2))
+    mask = padding(2, 30, True)
+    rows = ref.real_queries(2, 30, 30, True, mask)
+    gout = torch.randn(2, 30, 4, 5, dtype=torch.float64) * rows[:, :, None, None]
+    params = [p for p in kern.parameters() if p.requires_grad]
+    got = torch.autograd.grad((kern(q, k, v, key_mask=mask, causal=True, scaling=SCALING) * gout).sum(),
+                              [q, k, v, *params])
+    want = torch.autograd.grad((ref.reference(kern, q, k, v, key_mask=mask, causal=True, scaling=SCALING)
+                                * gout).sum(), [q, k, v, *params])
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("window_size", [0, 4])
+def test_softmax_heads_decoding_in_pieces_equals_one_pass(window_size):
+    kern = make("hedgehog", window_size, mix=bool(window_size), softmax_heads=[0, 3], chunk_size=8)
+    q, k, v = inputs(2, 4, 2, 33, 33, seed=5)
+    mask = torch.ones(2, 33, dtype=torch.bool)
+    mask[1, :9] = False
+    full = kern(q, k, v, key_mask=mask, causal=True)
+    state, start, pos, outs = None, 0, 0, []
+    for piece in (7, 1, 1, 9, 1, 14):
+        out, state = kern.forward_with_state(q[:, :, pos:pos + piece], k[:, :, start:pos + piece],
+                                             v[:, :, start:pos + piece], key_mask=mask[:, start:pos + piece],
+                                             causal=True, state=state, offset=start)
+        outs.append(out)
+        pos += piece
+        start = max(0, pos - (window_size - 1)) if window_size else pos
+    assert state.exact.keys.shape == (2, 2, 33, 8)  # KV heads 0 and 1 (query heads 0 and 3), every key
+    assert ((torch.cat(outs, 1) - full).abs() * mask[:, :, None, None]).max().item() <= 1e-12
+
+
+def test_bad_softmax_heads():
+    for params, message in [({"softmax_heads": [1, 1]}, "distinct query-head indices"),
+                            ({"softmax_heads": [-1]}, "distinct query-head indices"),
+                            ({"softmax_heads": "0"}, "must be a list"),
+                            ({"softmax_heads": [4]}, r"head index \[4\] out of range, the layer has 4 query heads")]:
+        with pytest.raises(ValueError, match=message):
+            build_kernel("hedgehog", LayerShape(4, 2, 8, 0, 128), params)
+
+
+def test_smollm2_softmax_heads_generation_after_2k_prompt(smollm2, smollm2_tok, fresh):
+    """hedgehog + window 64 + sinks 4 with two exact heads in layer 5 and one in layer 20 (per-layer options):
+    cached greedy generation (32 tokens after 2,048) = recomputation; the exact heads' K/V grow with the context,
+    nothing else does."""
+    fresh(smollm2)
+    base = {"window": 64, "sinks": 4}
+    layers = {5: {"kernel": "hedgehog", "params": {**base, "softmax_heads": [0, 4]}},
+              20: {"kernel": "hedgehog", "params": {**base, "softmax_heads": [8]}}}
+    hf_kernel_attn.patch(smollm2, kernel="hedgehog", layers=layers, **base)
+    text = open(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "wikitext-2-raw",
+                             "wiki.valid.raw")).read()[30000:50000]
+    ids = smollm2_tok(text, return_tensors="pt").input_ids[:, :2048]
+    with torch.no_grad():
+        seq = smollm2.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, min_new_tokens=32,
+                               do_sample=False)
+        logits = smollm2(seq[:, :-1], use_cache=False).logits
+    assert torch.equal(logits[0, 2047:].argmax(-1), seq[0, 2048:])
+    sizes = {}
+    with torch.no_grad():
+        for n in (1024, 2048):
+            cache = RecurrentStateCache(smollm2)
+            smollm2(ids[:, :n], cache=cache, use_cache=True)
+            sizes[n] = cache.nbytes()
+    # layer 5 keeps KV heads 0 and 1, layer 20 KV head 2: 3 KV heads × 64 dims × (K + V) × fp32, + the real flags
+    assert sizes[2048] - sizes[1024] == 1024 * (3 * 64 * 2 * 4 + 2)
+
+
+def test_head_choice_errors_and_choice_against_a_per_head_brute_force(tiny_llama):
+    """Per-head transfer errors equal mean (kernel - softmax)² of that head computed by hand from the layer's own
+    q, k, v; the choice takes the K largest over the model; applying it keeps the trained feature maps and turns
+    exactly those heads into softmax heads."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_kernel_attn.integration.layer_choice import apply_head_choice, measure_head_choice
+    from hf_kernel_attn.integration.patching import kernel_config
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    hf_kernel_attn.patch(model, kernel="hedgehog", window=4)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.kernel_attn.weight_q.add_(0.3 * torch.randn_like(layer.self_attn.kernel_attn.weight_q))
+    ids = torch.randint(5, 1000, (2, 24), generator=torch.Generator().manual_seed(0))
+    seen = {}
+
+    def spy(module, args, kwargs, output):
+        seen[module.shape.layer_idx] = (args[0].detach(), args[1].detach(), args[2].detach())
+
+    hooks = [layer.self_attn.kernel_attn.register_forward_hook(spy, with_kwargs=True) for layer in model.model.layers]
+    record = measure_head_choice(model, 3, ids)
+    for h in hooks:
+        h.remove()
+    for layer, (q, k, v) in seen.items():
+        kern = model.model.layers[layer].self_attn.kernel_attn
+        want = ((ref.reference(kern, q, k, v, causal=True) - ref.softmax_ref(None, q, k, v, causal=True)) ** 2
+                ).mean((0, 1, 3))
+        torch.testing.assert_close(torch.tensor(record["head_errors"][str(layer)], dtype=torch.float64), want,
+                                   rtol=1e-4, atol=1e-9)
+    flat = sorted(((e, int(layer), h) for layer, row in record["head_errors"].items() for h, e in enumerate(row)),
+                  reverse=True)[:3]
+    want_choice = {}
+    for _, layer, h in flat:
+        want_choice.setdefault(str(layer), []).append(h)
+    assert record["softmax_heads"] == {key: sorted(v) for key, v in sorted(want_choice.items())}
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if ".kernel_attn." in n}
+    apply_head_choice(model, record)
+    after = dict(model.named_parameters())
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    kcfg = kernel_config(model)
+    for key, heads in record["softmax_heads"].items():
+        assert model.model.layers[int(key)].self_attn.kernel_attn.options.softmax_heads == heads
+        assert kcfg.for_layer(int(key)).params == {"window": 4, "softmax_heads": heads}
+    assert kcfg.auto["keep_softmax_heads"] == 3
+
+
+def test_finetune_heads_auto_saves_and_reloads_the_choice(tiny_llama, tmp_path):
+    """heads: auto:2 after transfer (with recall text), then distillation: auto_heads.json holds the choice, the
+    final model runs it and reloads to the same logits."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from hf_kernel_attn.training import load_config
+    from hf_kernel_attn.training.trainer import Trainer
+    from tests.test_training import lm_config, write_config
+
+    cfg = lm_config(tiny_llama, tmp_path / "o", heads="auto:2", kernel_params={"window": 8, "sinks": 2},
+                    **{"stages.transfer.steps": 2, "stages.distill.steps": 2, "stages.lora.steps": 0,
+                       "data.recall_fraction": 0.5, "save_every": 0})
+    trainer = Trainer(load_config(write_config(tmp_path / "c.yaml", cfg)))
+    final = trainer.run()
+    record = json.loads((tmp_path / "o" / "auto_heads.json").read_text())
+    assert sum(len(h) for h in record["softmax_heads"].values()) == 2
+    model = AutoModelForCausalLM.from_pretrained(final).eval()
+    for key, heads in record["softmax_heads"].items():
+        assert model.model.layers[int(key)].self_attn.kernel_attn.options.softmax_heads == heads
+    ids = torch.randint(5, 1000, (1, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # the saved model runs what the trainer ran (LoRA merged)
+        torch.testing.assert_close(model(ids).logits, trainer.model.eval()(input_ids=ids).logits, rtol=1e-4,
+                                   atol=1e-5)
+
+
+def test_heads_config_errors(tiny_llama, tmp_path):
+    from hf_kernel_attn.training import ConfigError, load_config
+    from tests.test_training import lm_config, write_config
+
+    for extra, message in [({"heads": "auto:0"}, "heads must be null or 'auto:K'"),
+                           ({"heads": "top:3"}, "heads must be null or 'auto:K'"),
+                           ({"heads": "auto:2", "kernel": "gaussian"}, "not a feature-map kernel")]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(write_config(tmp_path / "c.yaml", lm_config(tiny_llama, tmp_path / "o", **extra)))
