@@ -87,7 +87,7 @@ def test_stock_lm_eval_with_remote_code_equals_our_eval(saved_hedgehog, tmp_path
 
 def _leaderboard_config(tmp_path, tiny_llama, tiny_bert) -> Path:
     cfg = {
-        "output_dir": str(tmp_path / "lb"), "data_dir": str(DATA), "context": 64,
+        "output_dir": str(tmp_path / "lb"), "data_dir": str(DATA), "context": 64, "speed": {"length": 32, "repeats": 2},
         "limit": {"wikitext2": 2, "arc_easy": 3, "piqa": 3, "stsb_embedding": 12},
         "models": [
             {"name": "tiny-llama", "model": str(tiny_llama), "kernels": ["softmax", "elu", "gaussian"],
@@ -134,6 +134,13 @@ def test_leaderboard_renders_skips_and_resumes(tiny_llama, tiny_bert, tmp_path):
     assert csv_lines[0] == "model,kernel,task,metric,value,stderr,n,split" and len(csv_lines) == 1 + 8
     assert (out / "leaderboard_heatmap.png").stat().st_size > 1000
     assert (out / "leaderboard_speed.png").stat().st_size > 1000
+    # the speed plot's timings: one interleaved benchmark per model (never the evaluation's own timings)
+    speed = [json.loads(ln) for ln in (out / "speed.jsonl").read_text().splitlines()]
+    assert {(r["model"], r["kernel"]) for r in speed} == {
+        ("tiny-llama", "softmax"), ("tiny-llama", "elu"), ("tiny-llama", "gaussian"),
+        ("tiny-bert", "softmax"), ("tiny-bert", "elu")}
+    assert all(r["length"] == 32 and r["status"] == "ok" for r in speed)
+    assert [r["ratio_vs_softmax"] for r in speed if r["kernel"] == "softmax"] == [1.0, 1.0]
     errors = [json.loads(ln) for ln in (out / "errors.jsonl").read_text().splitlines()]
     assert {e["task"] for e in errors} == {"piqa"} and "valid.jsonl" in errors[0]["error"]
     # a second run computes nothing
@@ -163,6 +170,10 @@ def test_leaderboard_config_errors(tmp_path):
         load_leaderboard_config(write({**base, "models": [{"name": "m", "kernels": ["softmax"], "tasks": ["ptb"]}]}))
     with pytest.raises(ValueError, match="does not exist"):
         load_leaderboard_config(tmp_path / "missing.yaml")
+    with pytest.raises(ValueError, match=r"unknown leaderboard speed key\(s\) 'lenght' \(did you mean 'length'"):
+        load_leaderboard_config(write({**base, "speed": {"lenght": 64}}))
+    with pytest.raises(ValueError, match="speed.repeats must be an integer >= 1"):
+        load_leaderboard_config(write({**base, "speed": {"repeats": 0}}))
 
 
 def test_heat_map_colours_zero_scores():

@@ -60,7 +60,8 @@ _MODEL_KEYS = {"name", "model", "gguf_file", "kernels", "kernel_params", "tasks"
                "layers", "lengths", "depths", "samples"}
 _LONG_KEYS = ("lengths", "depths", "samples")  # a model entry's own long-context grid (default: the top level's)
 _TOP_KEYS = {"output_dir", "data_dir", "split", "context", "batch_size", "limit", "models", "lengths", "depths",
-             "samples", "seed"}
+             "samples", "seed", "speed"}
+_SPEED_KEYS = {"length": 512, "repeats": 3}  # the interleaved benchmark behind the speed plot (speed.jsonl)
 
 
 def _unknown_keys(keys: set, valid: set[str], where: str) -> None:
@@ -105,6 +106,15 @@ def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None
         check_long_context_args(cfg["lengths"], cfg["depths"], cfg["samples"], cfg["seed"])
     except ValueError as exc:
         raise ValueError(f"leaderboard {str(exc).replace('--', '')}") from None
+    speed = cfg.setdefault("speed", None)
+    if speed is not None:
+        if not isinstance(speed, dict):
+            raise ValueError(f"leaderboard speed must be null or a mapping with {sorted(_SPEED_KEYS)}, got {speed!r}")
+        _unknown_keys(set(speed), set(_SPEED_KEYS), "leaderboard speed")
+        cfg["speed"] = speed = {**_SPEED_KEYS, **speed}
+        for key, value in speed.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"leaderboard speed.{key} must be an integer >= 1, got {value!r}")
     if data_dir is not None:
         cfg["data_dir"] = data_dir
     if output_dir is not None:
@@ -244,9 +254,39 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
                 _append_cell(results_path, [{"model_name": m["name"], "kernel_row": kernel, **r} for r in records])
                 print(f"{m['name']} {kernel} {task}: done", flush=True)
     _write_atomic(errors_path, "".join(json.dumps(e) + "\n" for e in errors))
+    if cfg.get("speed"):
+        _speed(cfg, out / SPEED_FILE)
     table = render(cfg, _read_jsonl(results_path), errors)
     table["seconds"] = time.perf_counter() - start
     return table
+
+
+SPEED_FILE = "speed.jsonl"
+
+
+def _speed(cfg: dict[str, Any], path: Path) -> None:
+    """Interleaved whole-model forward timings (speed/model_bench.py: every kernel in turn, rotating order, the
+    median ratio to softmax) of each model's kernels at ``speed.length`` tokens, once per model: the speed
+    plot's x axis, measured apart from evaluation so that machine load during a cell does not show as speed."""
+    from ..speed.model_bench import bench_models, load_models
+
+    done = {r["model"] for r in _read_jsonl(path)}
+    for m in cfg["models"]:
+        kernels = [k for k in m["kernels"] if k != "saved"]
+        if m["name"] in done or m.get("finetune") or not kernels:
+            continue  # a converted row runs its base model's kernel: timed with the base model's row
+        try:
+            models, kind = load_models(m["model"], kernels=["softmax", *kernels], gguf_file=m.get("gguf_file"),
+                                       params=m.get("kernel_params"))
+            rows = bench_models(models, kind, batches=[1], lengths=[cfg["speed"]["length"]],
+                                repeats=cfg["speed"]["repeats"], model_name=m["name"])
+        except Exception as exc:  # the table stands without the plot
+            print(f"{m['name']}: speed benchmark failed: {exc}", flush=True)
+            continue
+        _append_cell(path, [{k: r[k] for k in ("model", "kernel", "length", "time_s", "ratio_vs_softmax", "status")}
+                            for r in rows])
+        done.add(m["name"])
+        print(f"{m['name']}: speed benchmark done", flush=True)
 
 
 def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict[str, Any]]) -> dict[str, Any]:
@@ -300,7 +340,7 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
     (out / "leaderboard.md").write_text("\n".join(lines) + "\n" + "\n".join(notes) + "\n")
     with open(out / "leaderboard.csv", "w", newline="") as f:
         csv.writer(f).writerows(csv_rows)
-    _plots(out, rows, columns, cell)
+    _plots(out, rows, columns, cell, _read_jsonl(out / SPEED_FILE))
     long_records = [r for r in records if r["split"] == split and r["task"] in LONG_CONTEXT_TASKS]
     if long_records:
         try:
@@ -331,7 +371,7 @@ def heat_values(ratios):
     with np.errstate(divide="ignore"):
         return np.clip(np.log2(ratios), -HEAT_RANGE, HEAT_RANGE)
 
-def _plots(out: Path, rows, columns, cell) -> None:
+def _plots(out: Path, rows, columns, cell, speed_rows=()) -> None:
     try:
         import matplotlib
 
@@ -369,18 +409,21 @@ def _plots(out: Path, rows, columns, cell) -> None:
     fig.tight_layout()
     fig.savefig(out / "leaderboard_heatmap.png", dpi=90)
     plt.close(fig)
-    # quality vs prefill speed: perplexity against evaluation tokens/s on the first perplexity task
+    # quality vs speed: the first perplexity task against the interleaved benchmark's forward time relative to
+    # softmax (speed.jsonl), never evaluation timings (those depend on whatever else the machine was doing)
     ppl_task = next((t for t in columns if MAIN_METRIC.get(t) == "perplexity"), None)
-    if ppl_task is None:
+    ratio = {(r["model"], r["kernel"]): r["ratio_vs_softmax"] for r in speed_rows
+             if r.get("status") == "ok" and r.get("ratio_vs_softmax")}
+    points = [(kernel, ratio[(name, kernel)], cell[(name, kernel, ppl_task)]["value"]) for name, kernel in rows
+              if ppl_task and (name, kernel) in ratio and (name, kernel, ppl_task) in cell]
+    if not points:
         return
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    for name, kernel in rows:
-        r = cell.get((name, kernel, ppl_task))
-        if r is None or not r.get("seconds"):
-            continue
-        ax.scatter(r["n"] / r["seconds"], r["value"])
-        ax.annotate(kernel, (r["n"] / r["seconds"], r["value"]), fontsize=8)
-    ax.set_xlabel(f"prefill tokens/s ({ppl_task} evaluation)")
+    for kernel, x, y in points:
+        ax.scatter(x, y)
+        ax.annotate(kernel, (x, y), fontsize=8)
+    length = next((r["length"] for r in speed_rows if r.get("length")), "?")
+    ax.set_xlabel(f"forward time / softmax's (interleaved benchmark, {length} tokens)")
     ax.set_ylabel(f"{ppl_task} perplexity")
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
