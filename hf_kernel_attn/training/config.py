@@ -26,6 +26,7 @@ _STAGE = {"steps": 0, "lr": 1e-3, "max_minutes": None, "warmup_steps": 0, "sched
 DEFAULTS: dict[str, Any] = {
     "model": None,               # folder or hub id
     "gguf_file": None,           # convert a GGUF checkpoint on the fly
+    "base_model_id": None,       # the Hub id the model card names as base_model (default: model, if a Hub id)
     "model_class": None,         # e.g. "AutoModelForSequenceClassification"; None = from task
     "task": "causal_lm",
     "kernel": None,

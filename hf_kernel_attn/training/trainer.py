@@ -46,6 +46,7 @@ from . import checkpoint as ckpt
 from .config import STAGES, dump_config
 from .data import BatchPlan, check_training_data, glue_examples, sentences, text_blocks
 from .losses import distillation_loss
+from .model_card import write_card
 from .recall_data import with_recall_facts
 
 LOG_FILE = "training_log.jsonl"
@@ -609,7 +610,7 @@ class Trainer:
                 self._run_stage(stage, state, None)
         self._apply_auto_layers()
         self._apply_auto_heads()
-        path = self._save_final()
+        path = self._save_final(state)
         self.accelerator.end_training()
         return path
 
@@ -710,7 +711,16 @@ class Trainer:
             print(f"validation after {stage}: {scores}", flush=True)
         _barrier()
 
-    def _save_final(self) -> Path:
+    def _final_scores(self) -> dict[str, float]:
+        """The last held-out scores the run logged (validation.jsonl), for the model card."""
+        path = self.out / VALIDATION_FILE
+        lines = ckpt.read_jsonl_lines(path) if path.exists() else []
+        if not lines:
+            return {}
+        last = json.loads(lines[-1])
+        return {k: v for k, v in last.items() if k.startswith("val_") and isinstance(v, (int, float))}
+
+    def _save_final(self, state: dict[str, Any]) -> Path:
         final = self.out / "final"
         if self.main:
             model = self.model
@@ -723,6 +733,8 @@ class Trainer:
                 self.tokenizer.save_pretrained(tmp)
                 if self.task == "sentence_embedding":
                     _copy_sentence_transformers_files(Path(self.source), tmp)
+                write_card(tmp, self.config, getattr(model.config, "kernel_attention", None), self._final_scores(),
+                           state)
             except OSError as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise ckpt.write_failed("the final model", self.out, exc) from exc
