@@ -1,0 +1,62 @@
+"""The issue-22 comparison table from docs/results/recall/*.jsonl (written by scripts/recall_eval.sh) and
+docs/results/recall/cache-bytes.jsonl (scripts/decode_cache_bytes.py): one markdown row per model.
+
+    python scripts/recall_table.py [--dir docs/results/recall] [--rows softmax gaussian-ce ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+COLUMNS = [("wikitext2", "perplexity", None, "WikiText-2 ppl"), ("arc_easy", "acc_norm", None, "ARC-Easy"),
+           ("lambada_openai", "acc", None, "LAMBADA"), ("passkey", "exact_match", 1024, "passkey 1k"),
+           ("passkey", "exact_match", 2048, "passkey 2k"), ("passkey", "exact_match", 4096, "passkey 4k")]
+
+
+def load(folder: Path) -> dict[str, list[dict]]:
+    out = {}
+    for path in sorted(folder.glob("*.jsonl")):
+        if path.name != "cache-bytes.jsonl":
+            out[path.stem] = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return out
+
+
+def cell(records: list[dict], task: str, metric: str, length: int | None) -> str:
+    rows = [r for r in records if r["task"] == task and r["metric"] == metric
+            and (length is None or r.get("length") == length)]
+    if not rows:
+        return "–"
+    if task == "passkey":  # mean over depths, percent
+        n = sum(r["n"] for r in rows)
+        return f"{sum(r['value'] * r['n'] for r in rows) / n:.0f}% ({n})"
+    value = rows[-1]["value"]
+    return f"{value:.2f}" if metric == "perplexity" else f"{100 * value:.1f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default="docs/results/recall")
+    ap.add_argument("--rows", nargs="*", default=None, help="file stems in this order (default: all)")
+    args = ap.parse_args()
+    folder = Path(args.dir)
+    data = load(folder)
+    cache = {}
+    cache_path = folder / "cache-bytes.jsonl"
+    if cache_path.exists():
+        for ln in cache_path.read_text().splitlines():
+            r = json.loads(ln)
+            cache[Path(r["model"]).parent.name] = r
+    header = ["model", *[c[3] for c in COLUMNS], "cache after 4k / softmax KV"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for name in args.rows or sorted(data):
+        records = data.get(name, [])
+        c = next((v for k, v in cache.items() if k.endswith(name)), None)
+        ratio = f"{100 * c['ratio']:.1f}%" if c else "–"
+        print("| " + " | ".join([name, *[cell(records, *col[:3]) for col in COLUMNS], ratio]) + " |")
+
+
+if __name__ == "__main__":
+    main()
