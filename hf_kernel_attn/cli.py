@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from hf_kernel_attn.evaluation.long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
 
@@ -136,6 +137,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     from hf_kernel_attn.evaluation.runner import ModelSpec, run_eval, summary_table
 
+    if args.update_card and not (Path(args.model) / "README.md").is_file():
+        raise ValueError(f"--update-card: no model card at {str(Path(args.model) / 'README.md')!r} (checkpoints "
+                         "written by `hf-kernel-attn finetune` have one); evaluate without --update-card")
     if args.threads:
         torch.set_num_threads(args.threads)
     layers = json.loads(args.layers) if args.layers else None
@@ -145,6 +149,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                        lengths=args.lengths, depths=args.depths, samples=args.samples, seed=args.seed,
                        plot_dir=args.plot_dir)
     print(summary_table(records))
+    if args.update_card:
+        from hf_kernel_attn.training.model_card import add_eval_results
+
+        print(f"model card updated: {add_eval_results(args.model, records, limit=args.limit)}")
     return 0
 
 
@@ -284,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="long-context tasks: write the accuracy heat maps and loss-vs-position curves here")
     ev.add_argument("--threads", type=int, default=None)
     ev.add_argument("--output", default=None, help="append one JSON line per result here")
+    ev.add_argument("--update-card", action="store_true",
+                    help="add the results to the model-index of the model folder's README.md (its model card)")
     ev.set_defaults(func=_cmd_eval)
     dg = sub.add_parser("diagnose", help="sliding-window hybrids: the linear branch's share of the normaliser per "
                                          "layer, and the loss with that branch zeroed vs the window-only model")

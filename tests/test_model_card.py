@@ -29,3 +29,26 @@ def test_converted_checkpoint_has_a_hub_model_card(tiny_llama, tmp_path):
     block = card.text.split("```json\n", 1)[1].split("```", 1)[0]
     assert json.loads(block) == saved  # the card describes the kernel that runs
     assert "`transfer`: 2 steps" in card.text and "`lora`: 2 steps" in card.text
+
+
+def test_eval_update_card_adds_model_index_results(tiny_llama, tmp_path, capsys):
+    """``hf-kernel-attn eval --update-card`` adds its records to the card's model-index (a re-run replaces them);
+    a folder without a card is a clear error before anything runs."""
+    from hf_kernel_attn.cli import main
+    from tests.test_training import DATA
+
+    cfg = lm_config(tiny_llama, tmp_path / "o", **{"stages.transfer.steps": 1, "stages.lora.steps": 0,
+                                                    "save_every": 0})
+    final = Trainer(load_config(write_config(tmp_path / "c.yaml", cfg))).run()
+    args = ["eval", "--model", str(final), "--tasks", "wikitext2", "--data-dir", str(DATA), "--limit", "2",
+            "--context", "32", "--output", str(tmp_path / "r.jsonl"), "--update-card"]
+    assert main(args) == 0
+    assert main(args) == 0
+    records = [json.loads(ln) for ln in (tmp_path / "r.jsonl").read_text().splitlines()]
+    record = [r for r in records if r["metric"] == "perplexity"][-1]
+    results = [r for r in ModelCard.load(final / "README.md").data.eval_results
+               if (r.dataset_type, r.metric_type) == ("wikitext2", "perplexity")]
+    assert len(results) == 1  # the second run replaced the first
+    assert results[0].metric_value == round(record["value"], 6) and results[0].dataset_name == "wikitext2 (first 2)"
+    assert main(["eval", "--model", str(tiny_llama), "--tasks", "wikitext2", "--update-card"]) == 2
+    assert "no model card" in capsys.readouterr().err

@@ -112,3 +112,33 @@ def write_card(folder: Path, config: dict[str, Any], kernel_attention: dict[str,
     path = Path(folder) / CARD_FILE
     path.write_text(render_card(config, kernel_attention, scores, state))
     return path
+
+
+def add_eval_results(folder: str | os.PathLike, records: list[dict[str, Any]], *, limit: int | None = None) -> Path:
+    """Add ``hf-kernel-attn eval`` records to the ``model-index`` of the card in ``folder`` (``--update-card``);
+    a result for the same task, metric, split and slice replaces the old one. ValueError when there is no card."""
+    from huggingface_hub import EvalResult, ModelCard
+
+    path = Path(folder) / CARD_FILE
+    if not path.is_file():
+        raise ValueError(f"--update-card: no model card at {str(path)!r} (checkpoints written by "
+                         "`hf-kernel-attn finetune` have one); evaluate without --update-card")
+    card = ModelCard.load(path)
+    results = list(card.data.eval_results or [])
+    for r in records:
+        where = [f"first {limit}"] if limit else []
+        if r.get("length") is not None:
+            where.append(f"{r['length']} tokens")
+        if r.get("depth") is not None:
+            where.append(f"depth {r['depth']}%")
+        name = r["task"] + (f" ({', '.join(where)})" if where else "")
+        new = EvalResult(task_type="text-generation" if r["task"] not in ("stsb_embedding",) else "sentence-similarity",
+                         dataset_type=r["task"], dataset_name=name, metric_type=r["metric"],
+                         metric_value=round(float(r["value"]), 6), dataset_split=r.get("split"))
+        results = [old for old in results if (old.dataset_name, old.metric_type, old.dataset_split)
+                   != (new.dataset_name, new.metric_type, new.dataset_split)] + [new]
+    card.data.eval_results = results
+    if card.data.model_name is None:
+        card.data.model_name = Path(folder).name
+    card.save(path)
+    return path
