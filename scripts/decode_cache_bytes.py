@@ -13,6 +13,8 @@ import json
 import torch
 from transformers import AutoModelForCausalLM
 
+import hf_kernel_attn  # noqa: F401  (registers the kernels a converted checkpoint names)
+
 
 def cache_bytes(cache) -> int:
     """Bytes held by a cache: our RecurrentStateCache reports its own; a DynamicCache is its keys and values."""
