@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 import reference as ref  # noqa: E402
-from test_window import SCALING, compare, inputs, make, padding  # noqa: E402
+from test_window import assert_gradients_match, compare, inputs, make, padding  # noqa: E402
 
 import hf_kernel_attn  # noqa: E402
 from hf_kernel_attn.integration.cache import RecurrentStateCache  # noqa: E402
@@ -46,18 +46,7 @@ def test_softmax_heads_are_exactly_softmax_and_the_others_untouched():
 
 
 def test_softmax_heads_gradients_match_brute_force():
-    kern = make("hedgehog", 5, softmax_heads=[1, 3], sinks=1)
-    q, k, v = (t.requires_grad_() for t in inputs(2, 4, 2, 30, 30, seed=2))
-    mask = padding(2, 30, True)
-    rows = ref.real_queries(2, 30, 30, True, mask)
-    gout = torch.randn(2, 30, 4, 5, dtype=torch.float64) * rows[:, :, None, None]
-    params = [p for p in kern.parameters() if p.requires_grad]
-    got = torch.autograd.grad((kern(q, k, v, key_mask=mask, causal=True, scaling=SCALING) * gout).sum(),
-                              [q, k, v, *params])
-    want = torch.autograd.grad((ref.reference(kern, q, k, v, key_mask=mask, causal=True, scaling=SCALING)
-                                * gout).sum(), [q, k, v, *params])
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    assert_gradients_match(make("hedgehog", 5, softmax_heads=[1, 3], sinks=1), 30)
 
 
 @pytest.mark.parametrize("window_size", [0, 4])

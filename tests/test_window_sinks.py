@@ -12,8 +12,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import reference as ref  # noqa: E402
-from test_window import SCALING, compare, inputs, make, padding  # noqa: E402
+from test_window import assert_gradients_match, compare, inputs, make, padding  # noqa: E402
 
 from hf_kernel_attn.kernels import window  # noqa: E402
 
@@ -44,18 +43,7 @@ def test_sinks_change_the_output():
 
 
 def test_sinks_gradients_match_brute_force():
-    kern = make("hedgehog", 5, sinks=3)
-    q, k, v = (t.requires_grad_() for t in inputs(2, 4, 2, 40, 40, seed=2))
-    mask = padding(2, 40, True)
-    rows = ref.real_queries(2, 40, 40, True, mask)
-    gout = torch.randn(2, 40, 4, 5, dtype=torch.float64) * rows[:, :, None, None]
-    params = [p for p in kern.parameters() if p.requires_grad]
-    got = torch.autograd.grad((kern(q, k, v, key_mask=mask, causal=True, scaling=SCALING) * gout).sum(),
-                              [q, k, v, *params])
-    want = torch.autograd.grad((ref.reference(kern, q, k, v, key_mask=mask, causal=True, scaling=SCALING)
-                                * gout).sum(), [q, k, v, *params])
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    assert_gradients_match(make("hedgehog", 5, sinks=3), 40)
 
 
 @pytest.mark.parametrize("name", ["hedgehog", "dijiang"])

@@ -12,7 +12,7 @@ The choice and the errors are recorded in ``config.kernel_attention["auto"]``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -60,10 +60,9 @@ def _as_batches(calibration: Any) -> list[dict[str, Any]]:
 
 
 @torch.no_grad()
-def transfer_errors(model: nn.Module, calibration: Any | Iterable[dict[str, Any]]) -> dict[int, float]:
-    """Per attention layer that runs a non-softmax kernel: its mean transfer loss over the calibration batches."""
-    totals: dict[int, float] = {}
-    counts: dict[int, int] = {}
+def _recorded_losses(model: nn.Module, calibration: Any) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(layer, transfer loss, per-head losses ``[Hq]``) of every layer that runs a non-softmax kernel, for every
+    calibration batch, in eval mode (restored afterwards)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -73,11 +72,19 @@ def transfer_errors(model: nn.Module, calibration: Any | Iterable[dict[str, Any]
             inputs.update(_cheap_forward_kwargs(model))
             with attention_transfer() as rec:
                 model(**inputs)
-                for layer, loss in zip(rec.layers, rec.losses, strict=True):
-                    totals[layer] = totals.get(layer, 0.0) + float(loss.detach())
-                    counts[layer] = counts.get(layer, 0) + 1
+                found = list(zip(rec.layers, rec.losses, rec.head_losses, strict=True))
+            yield from found
     finally:
         model.train(was_training)
+
+
+def transfer_errors(model: nn.Module, calibration: Any | Iterable[dict[str, Any]]) -> dict[int, float]:
+    """Per attention layer that runs a non-softmax kernel: its mean transfer loss over the calibration batches."""
+    totals: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    for layer, loss, _ in _recorded_losses(model, calibration):
+        totals[layer] = totals.get(layer, 0.0) + float(loss.detach())
+        counts[layer] = counts.get(layer, 0) + 1
     return {layer: totals[layer] / counts[layer] for layer in sorted(totals)}
 
 
@@ -137,26 +144,14 @@ def auto_patch(model: nn.Module, kernel: str, k: int, calibration: Any, **params
 
 
 # ------------------------------------------------------------------------------------------ per-head choice
-@torch.no_grad()
 def head_transfer_errors(model: nn.Module, calibration: Any) -> dict[int, list[float]]:
     """Per attention layer that runs a non-softmax kernel: the mean transfer loss of each query head over the
     calibration batches (the layer loss of :func:`transfer_errors`, split by head)."""
     totals: dict[int, torch.Tensor] = {}
     counts: dict[int, int] = {}
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    try:
-        for batch in _as_batches(calibration):
-            inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-            inputs.update(_cheap_forward_kwargs(model))
-            with attention_transfer() as rec:
-                model(**inputs)
-                for layer, per_head in zip(rec.layers, rec.head_losses, strict=True):
-                    totals[layer] = totals.get(layer, 0) + per_head.double().cpu()
-                    counts[layer] = counts.get(layer, 0) + 1
-    finally:
-        model.train(was_training)
+    for layer, _, per_head in _recorded_losses(model, calibration):
+        totals[layer] = totals.get(layer, 0) + per_head.double().cpu()
+        counts[layer] = counts.get(layer, 0) + 1
     return {layer: (totals[layer] / counts[layer]).tolist() for layer in sorted(totals)}
 
 

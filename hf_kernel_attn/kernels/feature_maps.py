@@ -154,8 +154,7 @@ class LinearKernel(Kernel):
         self.check_inputs(q, k, v, causal)
         scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
         heads = self.options.softmax_heads
-        out, new_state = self._feature_map_with_state(q, k, v, key_mask, causal, scaling, state, offset,
-                                                      need_state or bool(heads))
+        out, new_state = self._feature_map_with_state(q, k, v, key_mask, causal, scaling, state, offset, need_state)
         if not heads:
             return out, new_state
         return self._exact_heads(q, k, v, key_mask, causal, scaling, state, offset, need_state, out, new_state)
@@ -186,8 +185,8 @@ class LinearKernel(Kernel):
             accum(q[:, heads]), accum(keys[:, pick]), accum(values[:, pick]), attn_mask=mask, scale=scaling)
         index = torch.tensor(heads, device=out.device)
         out = out.index_copy(2, index, exact.transpose(1, 2).to(out.dtype))
-        if not (causal and need_state) or new_state is None:
-            return out, None if not (causal and need_state) else new_state
+        if new_state is None:  # no state asked for (or bidirectional)
+            return out, None
         return out, dataclasses.replace(new_state, exact=linear.ExactKV(keys, values, real))
 
     def _feature_map_with_state(self, q, k, v, key_mask, causal, scaling, state, offset, need_state):

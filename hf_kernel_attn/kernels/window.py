@@ -184,7 +184,6 @@ def hybrid_attention(
     mix = None if log_mix is None else log_mix.to(q.dtype).exp()  # [Hkv, G]
     q_to_prefix = None if decay is None else _decay_table(decay, idx)[..., None]  # [Hkv, C, 1]
     q_to_suffix = None if decay is None else _decay_table(decay, c - idx)[..., None]
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, fq, fk, s0, log_mix) if t is not None)
 
     tiny = torch.finfo(q.dtype).tiny
 
