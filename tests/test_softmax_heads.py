@@ -5,6 +5,7 @@ tests/reference.py, gradients, decoding in pieces, and SmolLM2 cached generation
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -182,8 +183,126 @@ def test_heads_config_errors(tiny_llama, tmp_path):
     from hf_kernel_attn.training import ConfigError, load_config
     from tests.test_training import lm_config, write_config
 
-    for extra, message in [({"heads": "auto:0"}, "heads must be null or 'auto:K'"),
-                           ({"heads": "top:3"}, "heads must be null or 'auto:K'"),
-                           ({"heads": "auto:2", "kernel": "gaussian"}, "not a feature-map kernel")]:
+    for extra, message in [({"heads": "auto:0"}, "heads must be null, 'auto:K'"),
+                           ({"heads": "top:3"}, "heads must be null, 'auto:K' .* or 'retrieval:K'"),
+                           ({"heads": "retrieval:x"}, "heads must be null, 'auto:K'"),
+                           ({"heads": "auto:2", "kernel": "gaussian"}, "not a feature-map kernel"),
+                           ({"heads": "retrieval:2", "heads_share_kv": "yes"}, "heads_share_kv must be true or false")]:
         with pytest.raises(ConfigError, match=message):
             load_config(write_config(tmp_path / "c.yaml", lm_config(tiny_llama, tmp_path / "o", **extra)))
+
+
+# ------------------------------------------------------------------------------- retrieval-head choice
+def _eager_probabilities(model_dir, ids):
+    """The stock model's attention probabilities ``[layers][B, Hq, N, N]`` from transformers' eager attention
+    (output_attentions), the independent reference of the retrieval scores."""
+    from transformers import AutoModelForCausalLM
+
+    stock = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+    with torch.no_grad():
+        return stock(input_ids=ids, output_attentions=True).attentions
+
+
+def test_retrieval_scores_match_the_stock_models_attention(tiny_llama):
+    """head_retrieval_scores of a converted model = the mean (over targets) attention mass of the *stock* model's
+    eager attention on each target span: the teacher is the original softmax, whatever the layers run."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_kernel_attn.integration.layer_choice import head_retrieval_scores
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 1000, (2, 40), generator=g)
+    targets = [[[(30, 3, 9), (35, 12), (39, 0, 40)], [(20, 5, 6), (25, 10, 21)]]]
+    probs = _eager_probabilities(tiny_llama, ids)
+    model = hf_kernel_attn.from_pretrained(tiny_llama, kernel="hedgehog", window=4).eval()
+    got = head_retrieval_scores(model, [{"input_ids": ids}], targets)
+    assert sorted(got) == [0, 1]
+    for layer, attn in enumerate(probs):
+        want = torch.zeros(attn.shape[1], dtype=torch.float64)
+        count = 0
+        for b, row in enumerate(targets[0]):
+            for target in row:
+                t, s, e = target if len(target) == 3 else (*target, target[1] + 1)
+                want += attn[b, :, t, s:e].double().sum(-1)
+                count += 1
+        torch.testing.assert_close(torch.tensor(got[layer], dtype=torch.float64), want / count, rtol=1e-4, atol=1e-6)
+    # teacher=False scores the model's own queries and keys: a stock softmax model gives the same numbers
+    stock = AutoModelForCausalLM.from_pretrained(tiny_llama, attn_implementation="softmax").eval()
+    own = head_retrieval_scores(stock, [{"input_ids": ids}], targets, teacher=False)
+    for layer in got:
+        torch.testing.assert_close(torch.tensor(own[layer]), torch.tensor(got[layer]), rtol=1e-4, atol=1e-6)
+
+
+def test_grouped_head_choice_against_enumeration():
+    """choose_softmax_heads with group=3: the K KV groups whose best query head scores highest, each whole;
+    checked against scoring every K-subset of groups by brute force."""
+    import itertools
+
+    from hf_kernel_attn.integration.layer_choice import choose_softmax_heads
+
+    g = torch.Generator().manual_seed(3)
+    scores = {layer: torch.rand(9, generator=g).tolist() for layer in (2, 5, 7)}
+    groups = [(layer, j) for layer in scores for j in range(3)]
+    best = {(layer, j): max(scores[layer][3 * j:3 * j + 3]) for layer, j in groups}
+    for k in (1, 2, 4):
+        top = max(itertools.combinations(groups, k), key=lambda c: sum(best[x] for x in c))
+        want: dict[int, list[int]] = {}
+        for layer, j in sorted(top):
+            want.setdefault(layer, []).extend(range(3 * j, 3 * j + 3))
+        assert choose_softmax_heads(scores, k, group=3) == want
+
+
+def test_finetune_heads_retrieval_keeps_the_teachers_retrieval_heads(tiny_llama, tmp_path):
+    """heads: retrieval:1 with heads_share_kv: auto_heads.json holds every head's retrieval score (the stock
+    model's attention mass on the stated fact while the answer is produced, recomputed here from the calibration
+    blocks' own text) and keeps the best KV group with both its query heads; the saved model runs that choice."""
+    import json
+    import random
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_kernel_attn.training import load_config
+    from hf_kernel_attn.training.trainer import Trainer
+    from tests.test_training import lm_config, write_config
+
+    cfg = lm_config(tiny_llama, tmp_path / "o", heads="retrieval:1", heads_share_kv=True,
+                    kernel_params={"window": 8},
+                    **{"stages.transfer.steps": 2, "stages.distill.steps": 1, "stages.lora.steps": 0,
+                       "data.recall_max_facts": 2, "data.seq_len": 256, "save_every": 0})
+    trainer = Trainer(load_config(write_config(tmp_path / "c.yaml", cfg)))
+    final = trainer.run()
+    record = json.loads((tmp_path / "o" / "auto_heads.json").read_text())
+    assert record["head_criterion"] == "retrieval" and record["head_group"] == 2
+    scores = record["head_scores"]
+    # the reference: find each fact and its answer in the calibration blocks by decoding, score with eager attention
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    rows = trainer._calibration_batches()
+    from hf_kernel_attn.training.recall_data import recall_block
+
+    want = torch.zeros(2, 4, dtype=torch.float64)
+    count = 0
+    for b in rows:
+        for j, row in enumerate(b["input_ids"]):
+            block = recall_block(row.tolist(), lambda t: tok(t, add_special_tokens=False)["input_ids"],
+                                 random.Random((trainer.config["seed"] + 1) * 1_000_003 + j), 2)
+            ids = torch.tensor([block])
+            probs = _eager_probabilities(tiny_llama, ids)
+            text_at = [len(tok.decode(block[:i])) for i in range(len(block) + 1)]
+            text = tok.decode(block)
+            for m in re.finditer(r"Answer:( (\w+)'s (\w+) number is \d+\.)", text):
+                fact = re.search(rf"\n{m.group(2)}'s {m.group(3)} number is \d+\.\n", text)
+                span = [i for i in range(len(block)) if fact.start() <= text_at[i] and text_at[i + 1] <= fact.end()]
+                answer = [i for i in range(len(block)) if m.start(1) <= text_at[i] and text_at[i + 1] <= m.end(1)]
+                for t in range(answer[0] - 1, answer[-1]):
+                    for layer in range(2):
+                        want[layer] += probs[layer][0, :, t, span[0]:span[-1] + 1].double().sum(-1)
+                    count += 1
+    assert count > 0
+    for layer in range(2):
+        torch.testing.assert_close(torch.tensor(scores[str(layer)], dtype=torch.float64), want[layer] / count,
+                                   rtol=1e-3, atol=1e-5)
+    best = max(((layer, g) for layer in range(2) for g in range(2)),
+               key=lambda x: float(want[x[0], 2 * x[1]:2 * x[1] + 2].max()))
+    assert record["softmax_heads"] == {str(best[0]): [2 * best[1], 2 * best[1] + 1]}
+    model = AutoModelForCausalLM.from_pretrained(final).eval()
+    assert model.model.layers[best[0]].self_attn.kernel_attn.options.softmax_heads == [2 * best[1], 2 * best[1] + 1]

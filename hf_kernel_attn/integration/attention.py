@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..kernels import KERNELS, Kernel
-from .transfer import active_transfer, teacher_kernel
+from .transfer import active_probe, active_transfer, teacher_kernel
 
 KERNEL_ATTR = "kernel_attn"
 # Written as attn_implementation into a saved config.json: without the plugin imported, transformers
@@ -145,6 +145,9 @@ def attention_forward(
     causal = _is_causal(module, kwargs)
     dropout = dropout if module.training else 0.0
     kernel = teacher_kernel(kernel)
+    probe = active_probe()
+    if probe is not None:
+        probe(kernel.shape.layer_idx, query.detach(), key.detach(), key_mask, causal, scaling)
     recorder = active_transfer()
     if segments is not None:
         if recorder is not None or bias is not None or kwargs.get("linear_state") or kwargs.get("window_cache"):

@@ -11,6 +11,7 @@ The choice and the errors are recorded in ``config.kernel_attention["auto"]``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 
 from ..config import KernelAttentionConfig, LayerChoice
-from .transfer import attention_transfer
+from .transfer import attention_probe, attention_transfer, softmax_teacher
 
 logger = logging.getLogger("hf_kernel_attn")
 AUTO_PREFIX = "auto:"
@@ -155,9 +156,15 @@ def head_transfer_errors(model: nn.Module, calibration: Any) -> dict[int, list[f
     return {layer: (totals[layer] / counts[layer]).tolist() for layer in sorted(totals)}
 
 
-def choose_softmax_heads(errors: dict[int, list[float]], k: int) -> dict[int, list[int]]:
-    """The K (layer, head) pairs with the largest errors over the whole model (ties: lower layer, then head),
-    as {layer: sorted heads}."""
+def choose_softmax_heads(errors: dict[int, list[float]], k: int, group: int = 1) -> dict[int, list[int]]:
+    """The K (layer, head) pairs with the largest errors (or scores) over the whole model (ties: lower layer, then
+    head), as {layer: sorted heads}. With ``group`` > 1 (query heads per KV head), K counts KV heads: the K
+    groups whose best query head scores highest, each with all of its query heads (they share one K/V cache)."""
+    if group > 1:
+        grouped = {layer: [max(row[g * group:(g + 1) * group]) for g in range(len(row) // group)]
+                   for layer, row in errors.items()}
+        return {layer: sorted(h for g in groups for h in range(g * group, (g + 1) * group))
+                for layer, groups in choose_softmax_heads(grouped, k).items()}
     pairs = [(layer, head) for layer, row in errors.items() for head in range(len(row))]
     ranked = sorted(pairs, key=lambda p: (-errors[p[0]][p[1]], p[0], p[1]))[:k]
     chosen: dict[int, list[int]] = {}
@@ -166,17 +173,66 @@ def choose_softmax_heads(errors: dict[int, list[float]], k: int) -> dict[int, li
     return {layer: sorted(heads) for layer, heads in sorted(chosen.items())}
 
 
-def measure_head_choice(model: nn.Module, k: int, calibration: Any) -> dict[str, Any]:
+HEAD_CRITERIA = ("auto", "retrieval")
+
+
+def parse_heads(heads: Any) -> tuple[str, int]:
+    """``"auto:K"`` (transfer error) or ``"retrieval:K"`` (the teacher's attention on recalled facts) -> (criterion,
+    K); a ValueError naming the valid forms otherwise."""
+    criterion, _, count = heads.partition(":") if isinstance(heads, str) else ("", "", "")
+    if criterion not in HEAD_CRITERIA or not count.isdigit() or int(count) < 1:
+        raise ValueError(f"heads must be null, 'auto:K' (the K query heads with the largest transfer error) or "
+                         f"'retrieval:K' (the K heads that attend most to recalled facts), K an integer >= 1; got "
+                         f"{heads!r}")
+    return criterion, int(count)
+
+
+def measure_head_choice(model: nn.Module, k: int, calibration: Any, group: int = 1) -> dict[str, Any]:
     """The record of an automatic head choice (``heads="auto:K"``): every converted head's transfer error on the
-    calibration batches and the K largest, to be kept as exact softmax."""
+    calibration batches and the K largest (K KV-head groups with ``group`` > 1), to be kept as exact softmax."""
     batches = _as_batches(calibration)
     errors = head_transfer_errors(model, batches)
-    total = sum(len(row) for row in errors.values())
-    if k > total:
-        raise ValueError(f"heads='auto:{k}': cannot keep {k} heads as softmax, the converted layers have {total}")
-    return {"keep_softmax_heads": k,
-            "softmax_heads": {str(i): h for i, h in choose_softmax_heads(errors, k).items()},
+    _check_head_count(errors, k, group, "auto")
+    return {"keep_softmax_heads": k, "head_criterion": "auto", "head_group": group,
+            "softmax_heads": {str(i): h for i, h in choose_softmax_heads(errors, k, group).items()},
             "head_errors": {str(i): row for i, row in errors.items()},
+            "head_calibration_tokens": sum(int(b["input_ids"].numel()) for b in batches if "input_ids" in b)}
+
+
+def _check_head_count(scores: dict[int, list[float]], k: int, group: int, criterion: str) -> None:
+    total = sum(len(row) for row in scores.values()) // group
+    unit = "KV heads" if group > 1 else "heads"
+    if k > total:
+        raise ValueError(f"heads='{criterion}:{k}': cannot keep {k} {unit} as softmax, the converted layers have "
+                         f"{total}")
+
+
+def _kernels(model: nn.Module) -> list[Any]:
+    from .attention import KERNEL_ATTR
+
+    return [m.kernel_attn for m in model.modules() if getattr(m, KERNEL_ATTR, None) is not None]
+
+
+def kv_group_size(model: nn.Module) -> int:
+    """Query heads per KV head in the model's kernel layers (1 without grouped-query attention)."""
+    kernels = _kernels(model)
+    if not kernels:
+        raise ValueError("a head choice needs a model patched with hf_kernel_attn")
+    return kernels[0].shape.num_heads // kernels[0].shape.num_kv_heads
+
+
+def measure_retrieval_head_choice(model: nn.Module, k: int, batches: list[dict[str, Any]],
+                                  targets: list[list[list[tuple[int, ...]]]], group: int = 1) -> dict[str, Any]:
+    """The record of ``heads="retrieval:K"``: every converted head's retrieval score
+    (:func:`head_retrieval_scores` of the softmax teacher on ``targets``) and the K highest (K KV-head groups
+    with ``group`` > 1), to be kept as exact softmax."""
+    converted = {kernel.shape.layer_idx for kernel in _kernels(model) if kernel.is_linear}
+    scores = {layer: row for layer, row in head_retrieval_scores(model, batches, targets).items()
+              if layer in converted}
+    _check_head_count(scores, k, group, "retrieval")
+    return {"keep_softmax_heads": k, "head_criterion": "retrieval", "head_group": group,
+            "softmax_heads": {str(i): h for i, h in choose_softmax_heads(scores, k, group).items()},
+            "head_scores": {str(i): row for i, row in scores.items()},
             "head_calibration_tokens": sum(int(b["input_ids"].numel()) for b in batches if "input_ids" in b)}
 
 
@@ -195,3 +251,55 @@ def apply_head_choice(model: nn.Module, record: dict[str, Any]) -> nn.Module:
         layers[idx] = LayerChoice(choice.kernel, {**choice.params, "softmax_heads": list(heads)})
     new = KernelAttentionConfig(kcfg.kernel, dict(kcfg.params), layers, {**(kcfg.auto or {}), **record})
     return apply_config(model, new)
+
+
+@torch.no_grad()
+def head_retrieval_scores(model: nn.Module, batches: list[dict[str, Any]],
+                          targets: list[list[list[tuple[int, ...]]]], *,
+                          teacher: bool = True) -> dict[int, list[float]]:
+    """Per attention layer, per query head: the mean softmax attention probability that the original model's
+    head puts on a target, P_h(s <= key < e | query = t), over ``targets[batch][row]`` = [(t, s) or
+    (t, s, e), ...] (``(t, s)`` = ``(t, s, s + 1)``; e.g. ``training.recall_data.recall_span_targets``). Every
+    layer runs its original softmax (``softmax_teacher``), so the scores are the teacher's; a high score marks a
+    retrieval head (Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context Factuality").
+    ``teacher=False`` scores the model as it runs (the softmax probabilities of its own queries and keys)."""
+    totals: dict[int, torch.Tensor] = {}
+    count = 0
+    current: list[list[tuple[int, int]]] = []
+
+    def probe(layer: int, q: torch.Tensor, k: torch.Tensor, key_mask, causal: bool, scaling) -> None:
+        hq, hkv, d = q.shape[1], k.shape[1], q.shape[-1]
+        scale = scaling if scaling is not None else d ** -0.5
+        score = totals.setdefault(layer, torch.zeros(hq, dtype=torch.float64))
+        for b, pairs in enumerate(current):
+            if not pairs:
+                continue
+            tq = torch.tensor([p[0] for p in pairs], device=q.device)
+            ts = torch.tensor([p[1] for p in pairs], device=q.device)
+            te = torch.tensor([p[2] if len(p) > 2 else p[1] + 1 for p in pairs], device=q.device)
+            keys = k[b].float().repeat_interleave(hq // hkv, 0)  # [Hq, M, D]
+            logits = torch.einsum("htd,hmd->htm", q[b][:, tq].float(), keys) * scale
+            cols = torch.arange(keys.shape[1], device=q.device)
+            hidden = cols[None, :] > tq[:, None] if causal else torch.zeros_like(logits[0], dtype=torch.bool)
+            if key_mask is not None:
+                hidden = hidden | ~key_mask[b][None, :]
+            probs = logits.masked_fill(hidden, float("-inf")).softmax(-1)
+            inside = (cols[None, :] >= ts[:, None]) & (cols[None, :] < te[:, None])  # [T, M]
+            score += (probs * inside).sum((-1, -2)).double().cpu()
+
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        for batch, rows in zip(batches, targets, strict=True):
+            current[:] = rows
+            count += sum(len(r) for r in rows)
+            inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+            inputs.update(_cheap_forward_kwargs(model))
+            with softmax_teacher() if teacher else contextlib.nullcontext(), attention_probe(probe):
+                model(**inputs)
+    finally:
+        model.train(was_training)
+    if count == 0:
+        raise ValueError("head retrieval scores need at least one copy target (query, key) pair")
+    return {layer: (totals[layer] / count).tolist() for layer in sorted(totals)}

@@ -17,7 +17,7 @@ attention, used as the teacher of whole-model objectives (e.g. sentence-embeddin
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -74,7 +74,7 @@ class AttentionTransfer:
         return teacher
 
 
-_state: dict[str, object] = {"transfer": None, "softmax": False}
+_state: dict[str, object] = {"transfer": None, "softmax": False, "probe": None}
 _SOFTMAX: dict[LayerShape, Kernel] = {}
 
 
@@ -104,6 +104,24 @@ def attention_transfer(loss: str = "mse") -> Iterator[AttentionTransfer]:
         yield recorder
     finally:
         _state["transfer"] = None
+
+
+def active_probe() -> Callable[..., None] | None:
+    return _state["probe"]  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def attention_probe(callback: Callable[..., None]) -> Iterator[None]:
+    """Inside this block every hf_kernel_attn attention call first runs
+    ``callback(layer_idx, query [B, Hq, N, D], key [B, Hkv, M, D], key_mask, causal, scaling)`` (detached inputs),
+    e.g. to measure attention patterns; the forward itself is unchanged."""
+    if _state["probe"] is not None:
+        raise RuntimeError("attention_probe() is already active")
+    _state["probe"] = callback
+    try:
+        yield
+    finally:
+        _state["probe"] = None
 
 
 @contextlib.contextmanager

@@ -33,6 +33,8 @@ DEFAULTS: dict[str, Any] = {
     "kernel_params": {},
     "layers": None,              # list of layer indices, {index: kernel}, or "auto:K"; None = every layer
     "heads": None,               # "auto:K": after transfer, the K query heads furthest from softmax stay exact softmax
+                                 # "retrieval:K": the K heads whose teacher attends most to a recalled fact
+    "heads_share_kv": False,     # heads: K counts KV heads, each kept with all the query heads that share its cache
     "data": {
         "train": [],             # local files, or a hub dataset id (string)
         "glue_task": None,       # sst2 | mrpc | rte | cola | stsb | qnli: column layout of GLUE files
@@ -257,18 +259,20 @@ def validate(config: dict[str, Any]) -> None:
             raise ConfigError(f"layers: {exc}") from None
     heads = config["heads"]
     if heads is not None:
-        from ..integration.layer_choice import parse_auto
+        from ..integration.layer_choice import parse_heads
 
-        bad = f"heads must be null or 'auto:K' (K = query heads kept as exact softmax, an integer >= 1), got {heads!r}"
-        _check(isinstance(heads, str), bad)
         try:
-            keep = parse_auto(heads)
-        except ValueError:
-            raise ConfigError(bad) from None
-        _check(keep >= 1, bad)
+            criterion, _ = parse_heads(heads)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         _check(KERNELS[config["kernel"]].is_linear,
-               f"heads: 'auto:K' keeps some heads of feature-map layers exact; kernel {config['kernel']!r} is not a "
+               f"heads: {heads!r} keeps some heads of feature-map layers exact; kernel {config['kernel']!r} is not a "
                f"feature-map kernel (one of {sorted(n for n, c in KERNELS.items() if c.is_linear)})")
+        _check(criterion != "retrieval" or config["task"] == "causal_lm",
+               f"heads: {heads!r} scores heads on recall facts answered by a causal LM; task {config['task']!r} "
+               "can use 'auto:K' (transfer error)")
+    _check(isinstance(config["heads_share_kv"], bool), f"heads_share_kv must be true or false, got "
+           f"{config['heads_share_kv']!r}")
     try:
         validate_params(config["kernel"], config["kernel_params"])
     except ValueError as exc:

@@ -34,6 +34,14 @@ def recall_block(block: list[int], encode: Callable[[str], list[int]], rng: rand
                  max_facts: int) -> list[int]:
     """``block`` (token ids) with 1 … ``max_facts`` facts inserted and asked for at the end; same length.
     Returns the block unchanged when the facts would not fit in half of it."""
+    return recall_block_spans(block, encode, rng, max_facts)[0]
+
+
+def recall_block_spans(block: list[int], encode: Callable[[str], list[int]], rng: random.Random,
+                       max_facts: int) -> tuple[list[int], list[tuple[int, int, int, int]]]:
+    """:func:`recall_block` and, per fact, ``(fact_start, fact_end, answer_start, answer_end)``: where the fact
+    is stated and where its answer is given (token positions, ends exclusive); no spans if the block is
+    unchanged."""
     length = len(block)
     count = rng.randint(1, max_facts)
     pairs = rng.sample([(n, t) for n in NAMES for t in THINGS], count)
@@ -41,19 +49,29 @@ def recall_block(block: list[int], encode: Callable[[str], list[int]], rng: rand
     stated = [encode(FACT.format(**f)) for f in facts]
     asked = list(range(count))
     rng.shuffle(asked)
-    tail = [tok for i in asked for tok in encode(QUESTION.format(**facts[i])) + encode(ANSWER.format(**facts[i]))]
-    room = length - len(tail) - sum(len(s) for s in stated)
+    questions = [encode(QUESTION.format(**facts[i])) for i in asked]
+    answers = [encode(ANSWER.format(**facts[i])) for i in asked]
+    tail_len = sum(len(q) + len(a) for q, a in zip(questions, answers, strict=True))
+    room = length - tail_len - sum(len(s) for s in stated)
     if room < length // 2:
-        return list(block)
+        return list(block), []
     filler = block[:room]
     cuts = sorted(rng.randint(0, room) for _ in stated)  # where each fact goes in the filler
     out: list[int] = []
+    fact_at: list[tuple[int, int]] = []
     prev = 0
     for cut, fact in zip(cuts, stated, strict=True):
-        out += filler[prev:cut] + fact
+        out += filler[prev:cut]
+        fact_at.append((len(out), len(out) + len(fact)))
+        out += fact
         prev = cut
-    out += filler[prev:] + tail
-    return out
+    out += filler[prev:]
+    spans = [(0, 0, 0, 0)] * count
+    for i, question, answer in zip(asked, questions, answers, strict=True):
+        out += question
+        spans[i] = (*fact_at[i], len(out), len(out) + len(answer))
+        out += answer
+    return out, spans
 
 
 def with_recall_facts(blocks: torch.Tensor, encode: Callable[[str], list[int]], *, fraction: float,
@@ -67,3 +85,26 @@ def with_recall_facts(blocks: torch.Tensor, encode: Callable[[str], list[int]], 
         rng = random.Random(seed * 1_000_003 + i)
         out[i] = torch.tensor(recall_block(blocks[i].tolist(), encode, rng, max_facts), dtype=blocks.dtype)
     return out
+
+
+def recall_targets(tokens: list[int], spans: list[tuple[int, int, int, int]],
+                   is_value: Callable[[int], bool]) -> list[tuple[int, int]]:
+    """Copy targets of a recall block: for the j-th value token (``is_value``, e.g. a digit) of each answer, the
+    pair (query position = the token before it, key position = the j-th value token of its stated fact). A head
+    that retrieves puts its attention there when the answer is produced (Wu et al. 2024, "Retrieval Head
+    Mechanistically Explains Long-Context Factuality")."""
+    pairs: list[tuple[int, int]] = []
+    for fact_start, fact_end, answer_start, answer_end in spans:
+        stated = [p for p in range(fact_start, fact_end) if is_value(tokens[p])]
+        answered = [p for p in range(answer_start, answer_end) if is_value(tokens[p])]
+        pairs += [(a - 1, s) for a, s in zip(answered, stated, strict=False)]
+    return pairs
+
+
+def recall_span_targets(spans: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int]]:
+    """Retrieval targets of a recall block: every position that predicts an answer token (from the token before
+    the answer to the one before its last), paired with the span where that fact was stated, ``(t, s, e)``. The
+    attention mass a head puts there while the answer is produced marks the heads a model retrieves with,
+    including the earlier-layer heads that find the fact before the copying heads read it."""
+    return [(t, fact_start, fact_end) for fact_start, fact_end, answer_start, answer_end in spans
+            for t in range(answer_start - 1, answer_end - 1)]

@@ -29,6 +29,7 @@ import inspect
 import json
 import math
 import os
+import random
 import shutil
 import time
 from pathlib import Path
@@ -39,7 +40,14 @@ import torch.distributed as dist
 
 from ..evaluation.runner import mean_pool
 from ..evaluation.tasks import glue_metrics
-from ..integration.layer_choice import parse_auto
+from ..integration.layer_choice import (
+    apply_head_choice,
+    kv_group_size,
+    measure_head_choice,
+    measure_retrieval_head_choice,
+    parse_auto,
+    parse_heads,
+)
 from ..integration.patching import attention_modules, num_attention_layers, patch
 from ..integration.transfer import attention_transfer, softmax_teacher
 from . import checkpoint as ckpt
@@ -47,7 +55,7 @@ from .config import STAGES, dump_config
 from .data import BatchPlan, check_training_data, glue_examples, sentences, text_blocks
 from .losses import distillation_loss
 from .model_card import write_card
-from .recall_data import with_recall_facts
+from .recall_data import recall_block_spans, recall_span_targets
 
 LOG_FILE = "training_log.jsonl"
 VALIDATION_FILE = "validation.jsonl"
@@ -191,7 +199,7 @@ class Trainer:
             model.config.pad_token_id = self.tokenizer.pad_token_id
         self.auto_keep = parse_auto(cfg["layers"])
         self._auto_applied = False
-        self.auto_heads = parse_auto(cfg["heads"]) if cfg["heads"] else None
+        self.auto_heads = parse_heads(cfg["heads"]) if cfg["heads"] else None
         self._heads_applied = False
         # layers: auto:K converts every layer first; the choice is made after attention transfer
         patch(model, kernel=cfg["kernel"], layers=None if self.auto_keep is not None else cfg["layers"],
@@ -374,28 +382,44 @@ class Trainer:
                   f"(transfer errors {worst}; all layers in {path})", flush=True)
 
     def _apply_auto_heads(self) -> None:
-        """``heads: auto:K``: once attention transfer is over (and after ``layers: auto:K``), keep the K query heads
-        with the largest transfer error as exact softmax inside their layers (kernel option ``softmax_heads``).
-        With recall text (``data.recall_fraction``), the calibration blocks carry recall facts, so heads that
-        retrieve weigh in. Written to auto_heads.json and reused on resume."""
+        """``heads: auto:K`` / ``retrieval:K``: once attention transfer is over (and after ``layers: auto:K``), keep
+        K query heads (K KV heads with all their query heads, with ``heads_share_kv``) as exact softmax inside
+        their layers (kernel option ``softmax_heads``): those with the largest transfer error (``auto``) or those
+        where the softmax teacher puts the most attention on a stated fact while answering for it
+        (``retrieval``; the calibration blocks then carry recall facts). With recall text
+        (``data.recall_fraction``), ``auto`` measures on blocks with facts too. Written to auto_heads.json and
+        reused on resume."""
         if self.auto_heads is None or self._heads_applied:
             return
-        from ..integration.layer_choice import apply_head_choice, measure_head_choice
-
+        criterion, keep = self.auto_heads
         path = self.out / AUTO_HEADS_FILE
         if path.exists():
             record = json.loads(path.read_text())
         else:
             batches = self._calibration_batches()
             data = self.config["data"]
-            if self.task == "causal_lm" and data["recall_fraction"]:
+            group = kv_group_size(self.model) if self.config["heads_share_kv"] else 1
+            if self.task == "causal_lm" and (criterion == "retrieval" or data["recall_fraction"]):
                 def encode(text: str) -> list[int]:
                     return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-                batches = [{"input_ids": with_recall_facts(b["input_ids"], encode, fraction=1.0,
-                                                           max_facts=data["recall_max_facts"],
-                                                           seed=self.config["seed"] + 1)} for b in batches]
-            record = measure_head_choice(self.model, self.auto_heads, batches)
+                rows, targets = [], []
+                for b in batches:
+                    # the rows' random streams of with_recall_facts(..., fraction=1, seed=seed + 1)
+                    blocks = [recall_block_spans(row.tolist(), encode, random.Random(
+                        (self.config["seed"] + 1) * 1_000_003 + j), data["recall_max_facts"])
+                        for j, row in enumerate(b["input_ids"])]
+                    rows.append({"input_ids": torch.tensor([blk for blk, _ in blocks], dtype=b["input_ids"].dtype)})
+                    targets.append([recall_span_targets(spans) for _, spans in blocks])
+                batches = rows
+                if criterion == "retrieval" and not any(t for row in targets for t in row):
+                    raise ValueError(f"heads: retrieval:{keep} found no room for a recall fact in the calibration "
+                                     f"blocks of data.seq_len={data['seq_len']} tokens (a fact and its question "
+                                     "take about 40 tokens, and must fit in half a block); raise data.seq_len")
+            if criterion == "retrieval":
+                record = measure_retrieval_head_choice(self.model, keep, batches, targets, group)
+            else:
+                record = measure_head_choice(self.model, keep, batches, group)
             if self.main:
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(record, indent=2) + "\n")
@@ -407,7 +431,8 @@ class Trainer:
                               if ".kernel_attn." in n and p.requires_grad}
         self._heads_applied = True
         if self.main:
-            print(f"heads auto:{self.auto_heads}: exact softmax heads {record['softmax_heads']} (all heads' errors in "
+            what = "errors" if criterion == "auto" else "retrieval scores"
+            print(f"heads {criterion}:{keep}: exact softmax heads {record['softmax_heads']} (all heads' {what} in "
                   f"{path})", flush=True)
 
     def _base_model(self):
