@@ -14,10 +14,11 @@ from typing import Any
 
 from .config import KernelAttentionConfig
 from .integration.attention import register as _register
+from .integration.attention import register_kernel
 from .integration.loading import convert_gguf, from_pretrained
 from .integration.patching import install_hooks as _install_hooks
 from .integration.patching import kernel_config, patch, unpatch
-from .kernels import KERNELS
+from .kernels import KERNELS, FeatureMapKernel, Kernel, KernelOptions, LayerShape, LinearOptions
 
 __version__ = "0.1.0"
 
@@ -29,11 +30,12 @@ def available_kernels() -> dict[str, dict[str, Any]]:
     out = {}
     for name, cls in KERNELS.items():
         out[name] = {
-            "kind": "linear" if cls.is_linear else ("nystrom" if name == "skyformer" else "softmax-like"),
+            "kind": cls.kind,
             "causal": cls.supports_causal,
             "bidirectional": cls.supports_bidirectional,
             "options": {f.name: f.default for f in dataclasses.fields(cls.options_cls)},
             "paper": cls.paper,
+            "module": cls.__module__,
         }
     return out
 
@@ -42,6 +44,6 @@ _register()
 _install_hooks()
 
 __all__ = [
-    "KernelAttentionConfig", "available_kernels", "convert_gguf", "from_pretrained", "kernel_config", "patch",
-    "unpatch",
+    "FeatureMapKernel", "Kernel", "KernelAttentionConfig", "KernelOptions", "LayerShape", "LinearOptions",
+    "available_kernels", "convert_gguf", "from_pretrained", "kernel_config", "patch", "register_kernel", "unpatch",
 ]

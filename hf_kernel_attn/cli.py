@@ -16,7 +16,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
     for name, info in hf_kernel_attn.available_kernels().items():
         modes = "/".join(m for m in ("causal", "bidirectional") if info[m])
-        print(f"{name:10s} {info['kind']:13s} {modes:21s} {info['paper']}")
+        where = "" if info["module"].startswith("hf_kernel_attn.") else f"  [{info['module']}]"
+        print(f"{name:10s} {info['kind']:13s} {modes:21s} {info['paper']}{where}")
     return 0
 
 
@@ -52,6 +53,7 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
 
     import hf_kernel_attn
     from hf_kernel_attn.evaluation.perplexity import perplexity, read_text
+    from hf_kernel_attn.kernels import is_softmax
 
     _check_kernels([k for k in args.kernels if k != "saved"])
     text = read_text(args.data_file)
@@ -64,7 +66,7 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
             saved = hf_kernel_attn.kernel_config(model)
             kernel = f"saved:{saved.kernel if saved else 'softmax'}"
         else:
-            hf_kernel_attn.patch(model, kernel=kernel, **(params if kernel != "softmax" else {}))
+            hf_kernel_attn.patch(model, kernel=kernel, **({} if is_softmax(kernel) else params))
         start = time.perf_counter()
         res = perplexity(model, tok, text, block_size=args.block_size, max_tokens=args.max_tokens)
         res.update(kernel=kernel, seconds=round(time.perf_counter() - start, 2))
@@ -221,7 +223,10 @@ def _cmd_lm_eval(argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-kernel-attn", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="hf-kernel-attn", description=__doc__,
+        epilog="Every command also takes --import MODULE (repeatable): import a module that registers kernels of "
+               "your own (hf_kernel_attn.register_kernel) before running.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the available kernels").set_defaults(func=_cmd_list)
     conv = sub.add_parser("convert-gguf", help="convert a GGUF checkpoint to a normal one")
@@ -344,8 +349,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def split_imports(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``--import MODULE`` / ``--import=MODULE`` (repeatable, anywhere on the line, every command): the modules,
+    and the arguments without them."""
+    modules, rest = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--import":
+            if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
+                raise SystemExit("error: --import expects a module name (e.g. --import my_kernels)")
+            modules.append(argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith("--import="):
+            modules.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+        i += 1
+    return modules, rest
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    modules, argv = split_imports(argv)
+    if modules:
+        import hf_kernel_attn  # noqa: F401  (registers the built-in kernels first)
+        from hf_kernel_attn.kernels import import_modules
+
+        try:
+            import_modules(modules)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if argv[:1] == ["lm-eval"]:
         return _cmd_lm_eval(argv[1:])
     if argv[:1] == ["bench"]:

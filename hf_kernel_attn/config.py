@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .kernels import KERNELS, validate_params
+from .kernels import KERNELS, defining_module, import_modules, validate_params
 
 CONFIG_KEY = "kernel_attention"
 FORMAT_VERSION = 1
@@ -86,6 +86,10 @@ class KernelAttentionConfig:
         for choice in self.layers.values():
             validate_params(choice.kernel, choice.params)
 
+    def kernels(self) -> set[str]:
+        """Every kernel name this config uses."""
+        return {self.kernel, *(c.kernel for c in self.layers.values())}
+
     def for_layer(self, idx: int) -> LayerChoice:
         return self.layers.get(idx, LayerChoice(self.kernel, self.params))
 
@@ -95,6 +99,9 @@ class KernelAttentionConfig:
             for i, c in sorted(self.layers.items())
         }
         out = {"kernel": self.kernel, "params": dict(self.params), "layers": layers, "version": FORMAT_VERSION}
+        modules = {name: defining_module(name) for name in sorted(self.kernels()) if defining_module(name)}
+        if modules:  # user kernels: imported again when the checkpoint loads
+            out["modules"] = modules
         if self.auto is not None:
             out["auto"] = dict(self.auto)
         return out
@@ -115,6 +122,15 @@ class KernelAttentionConfig:
         if version > FORMAT_VERSION:
             raise ValueError(f"{where} has format version {version}, written by a newer hf_kernel_attn; this one "
                              f"reads versions up to {FORMAT_VERSION} (upgrade hf_kernel_attn)")
+        modules = data.get("modules")
+        if modules is not None:
+            if not isinstance(modules, dict) or not all(isinstance(v, str) for v in modules.values()):
+                raise ValueError(f"{where}['modules'] must map kernel names to module names, got {modules!r}")
+            missing = [name for name in modules if name not in KERNELS]
+            try:
+                import_modules(sorted({modules[name] for name in missing}), where=f"{where}['modules']")
+            except ValueError as exc:
+                raise ValueError(f"{exc}; it defines kernel(s) {missing} of this checkpoint") from None
         kernel = data["kernel"]
         if not isinstance(kernel, str) or kernel not in KERNELS:
             raise ValueError(f"{where}['kernel']: unknown kernel {kernel!r}; available kernels: {sorted(KERNELS)}")
@@ -135,7 +151,7 @@ class KernelAttentionConfig:
             raise ValueError(f"{where}: {exc}") from None
 
 
-_DICT_KEYS = ("kernel", "params", "layers", "version", "auto")
+_DICT_KEYS = ("kernel", "params", "layers", "version", "auto", "modules")
 
 
 def _layer_index(idx: Any, num_layers: int | None) -> int:

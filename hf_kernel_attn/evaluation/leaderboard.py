@@ -45,6 +45,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ..kernels import KERNELS, import_modules, is_softmax
 from .runner import ModelSpec, run_eval
 from .tasks import LONG_CONTEXT_TASKS, check_split, check_tasks
 
@@ -59,8 +60,8 @@ LOWER_IS_BETTER = {"perplexity", "bits_per_byte", "loss"}
 _MODEL_KEYS = {"name", "model", "gguf_file", "kernels", "kernel_params", "tasks", "finetune", "finetune_set",
                "layers", "lengths", "depths", "samples"}
 _LONG_KEYS = ("lengths", "depths", "samples")  # a model entry's own long-context grid (default: the top level's)
-_TOP_KEYS = {"output_dir", "data_dir", "split", "context", "batch_size", "limit", "models", "lengths", "depths",
-             "samples", "seed", "speed"}
+_TOP_KEYS = {"imports", "output_dir", "data_dir", "split", "context", "batch_size", "limit", "models", "lengths",
+             "depths", "samples", "seed", "speed"}
 _SPEED_KEYS = {"length": 512, "repeats": 3}  # the interleaved benchmark behind the speed plot (speed.jsonl)
 
 
@@ -90,6 +91,10 @@ def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None
     if not isinstance(cfg, dict):
         raise ValueError(f"leaderboard config {str(path)!r} must hold a YAML mapping, got {type(cfg).__name__}")
     _unknown_keys(set(cfg), _TOP_KEYS, "leaderboard")
+    imports = cfg.setdefault("imports", [])
+    if not isinstance(imports, list) or not all(isinstance(x, str) for x in imports):
+        raise ValueError(f"leaderboard imports must be a list of module names, got {imports!r}")
+    import_modules(imports, where="leaderboard imports")
     cfg.setdefault("split", "validation")
     cfg.setdefault("context", 1024)
     cfg.setdefault("batch_size", 1)
@@ -135,8 +140,6 @@ def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None
     models = cfg.get("models") or []
     if not isinstance(models, list) or not models:
         raise ValueError(f"leaderboard config needs a non-empty models list, got {models!r}")
-    from ..kernels import KERNELS
-
     for m in models:
         if not isinstance(m, dict):
             raise ValueError(f"every leaderboard model must be a mapping with {sorted(_MODEL_KEYS)}, got {m!r}")
@@ -228,7 +231,7 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
             model_path, spec_kernel = m["model"], kernel
             gguf = m.get("gguf_file")
             try:
-                if m.get("finetune") and kernel != "softmax":
+                if m.get("finetune") and not is_softmax(kernel):
                     model_path, spec_kernel, gguf = _finetuned(cfg, m, kernel), None, None
             except Exception as exc:  # a failed conversion marks the row's cells, the sweep goes on
                 errors += [{"model_name": m["name"], "kernel_row": kernel, "task": t, "split": cfg["split"],
@@ -387,7 +390,7 @@ def _plots(out: Path, rows, columns, cell, speed_rows=()) -> None:
     first_softmax = {}
     for name, kernel in rows:
         for t in columns:
-            if kernel == "softmax" and (name, kernel, t) in cell:
+            if is_softmax(kernel) and (name, kernel, t) in cell:
                 first_softmax.setdefault(t, cell[(name, kernel, t)])
     for i, (name, kernel) in enumerate(rows):
         for j, t in enumerate(columns):

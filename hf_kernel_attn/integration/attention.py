@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..kernels import KERNELS, Kernel
+from ..kernels import KERNELS, Kernel, add_kernel, is_softmax
 from .transfer import active_probe, active_transfer, teacher_kernel
 
 KERNEL_ATTR = "kernel_attn"
@@ -155,7 +155,7 @@ def attention_forward(
                              "attention transfer, with a position bias or with a recurrent/window cache; unpack them "
                              "into rows with an attention_mask, or pass use_cache=False")
         return _per_document(kernel, query, key, value, segments, causal, scaling, dropout), None
-    if recorder is not None and kernel.name != "softmax":
+    if recorder is not None and not is_softmax(kernel.name):
         return recorder.step(kernel, query, key, value, key_mask=key_mask, causal=causal, scaling=scaling), None
     state_layer = kwargs.get("linear_state")
     if state_layer is not None and kernel.is_linear:
@@ -173,9 +173,22 @@ def attention_forward(
 
 def register() -> None:
     """Register every kernel name (and the saved-model marker) with both transformers interfaces."""
+    for name in [*KERNELS, SAVED_NAME]:
+        _register_name(name)
+
+
+def _register_name(name: str) -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    for name in [*KERNELS, SAVED_NAME]:
-        AttentionInterface.register(name, attention_forward)
-        AttentionMaskInterface.register(name, padding_mask)
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, padding_mask)
+
+
+def register_kernel(cls: type[Kernel]) -> type[Kernel]:
+    """Add a kernel class to hf_kernel_attn (usable as a class decorator): its ``name`` then works everywhere a
+    built-in kernel's does (``attn_implementation=``, ``patch``, ``from_pretrained``, training and evaluation
+    configs, benchmarks). A checkpoint saved with it records ``cls.__module__`` and imports it when loaded."""
+    add_kernel(cls)
+    _register_name(cls.name)
+    return cls

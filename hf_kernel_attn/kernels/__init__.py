@@ -6,33 +6,33 @@ from typing import Any
 
 from .base import Kernel, KernelOptions, LayerShape, make_options
 from .cosine import CosineKernel
+from .feature_map_kernel import FeatureMapKernel
 from .feature_maps import (
     CosformerKernel,
     DijiangKernel,
     EluKernel,
     HedgehogKernel,
     LinearKernel,
+    LinearOptions,
     PerformerKernel,
     ReluKernel,
     TaylorKernel,
 )
 from .gaussian import GaussianKernel
+from .registry import KERNELS, add_kernel, defining_module, import_modules, is_builtin, kernel_class
 from .skyformer import SkyformerKernel
 from .softmax import SoftmaxKernel
 
-KERNELS: dict[str, type[Kernel]] = {
-    cls.name: cls
-    for cls in (
-        SoftmaxKernel, GaussianKernel, CosineKernel, EluKernel, ReluKernel, CosformerKernel,
-        PerformerKernel, DijiangKernel, HedgehogKernel, TaylorKernel, SkyformerKernel,
-    )
-}
+SOFTMAX = "softmax"  # the reference kernel: the model's own attention
+
+for _cls in (SoftmaxKernel, GaussianKernel, CosineKernel, EluKernel, ReluKernel, CosformerKernel, PerformerKernel,
+             DijiangKernel, HedgehogKernel, TaylorKernel, SkyformerKernel):
+    add_kernel(_cls)
 
 
-def kernel_class(name: str) -> type[Kernel]:
-    if name not in KERNELS:
-        raise ValueError(f"unknown kernel {name!r}; available kernels: {sorted(KERNELS)}")
-    return KERNELS[name]
+def is_softmax(name: str) -> bool:
+    """Whether ``name`` is the model's own softmax attention (the reference every other kernel is compared to)."""
+    return name == SOFTMAX
 
 
 def validate_params(name: str, params: dict[str, Any]) -> KernelOptions:
@@ -49,4 +49,6 @@ def build_kernel(name: str, shape: LayerShape, params: dict[str, Any] | None = N
     return kernel
 
 
-__all__ = ["KERNELS", "Kernel", "LayerShape", "LinearKernel", "build_kernel", "kernel_class", "validate_params"]
+__all__ = ["KERNELS", "SOFTMAX", "FeatureMapKernel", "Kernel", "KernelOptions", "LayerShape", "LinearKernel",
+           "LinearOptions", "add_kernel", "build_kernel", "defining_module", "import_modules", "is_builtin",
+           "is_softmax", "kernel_class", "validate_params"]

@@ -99,10 +99,17 @@ class Kernel(nn.Module):
     supports_causal: ClassVar[bool] = True
     supports_bidirectional: ClassVar[bool] = True
     is_linear: ClassVar[bool] = False
+    # what the kernel is, for listings and benchmarks: "softmax-like" (an N x M score matrix), "linear" (feature
+    # maps), "gated" (feature maps with a data-dependent decay) or "nystrom" (landmarks)
+    kind: ClassVar[str] = "softmax-like"
     # forward takes ``bias``: an additive logit bias [B or 1, Hq, N, M] (T5's relative position bias)
     supports_bias: ClassVar[bool] = False
     full_precision: ClassVar[bool] = True
     paper: ClassVar[str] = ""
+    # the option bounding token positions, if any (cosformer's ``horizon``): benchmarks raise it to their length
+    horizon_option: ClassVar[str | None] = None
+    # options hf_kernel_attn.testing.check_kernel uses unless told otherwise (an approximation checks its exact form)
+    conformance_params: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -131,6 +138,35 @@ class Kernel(nn.Module):
         dropout: float = 0.0,
     ) -> torch.Tensor:
         raise NotImplementedError
+
+    def projection_width(self, backward: bool = False) -> int:
+        """Columns of a learned or fixed projection applied to q and k before scoring (benchmark FLOPs)."""
+        return 0
+
+    def score_dim(self, head_dim: int) -> int:
+        """Coordinates of one q·k product of a softmax-like kernel (gaussian: D + 1, its norm trick)."""
+        return head_dim
+
+    def flops(self, n: int, *, batch: int, causal: bool, backward: bool) -> float | None:
+        """Matmul FLOPs of one self-attention call on ``batch`` sequences of ``n`` tokens, for kernels whose cost
+        the generic estimate of ``hf_kernel_attn.speed.kernel_bench.estimate_flops`` (by ``kind``) misses;
+        None = use that estimate."""
+        return None
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Tensor:
+        """The kernel's definition: κ(q_i, k_j) >= 0 for every query and key head pair, ``[B, Hq, N, M]``, such
+        that out_i = Σ_j κ_ij v_j / Σ_j κ_ij over the visible keys (GQA: query head h reads KV head
+        h // (Hq // Hkv)). The brute-force reference of ``hf_kernel_attn.testing.check_kernel``. Define this or
+        :meth:`log_scores`."""
+        if type(self).log_scores is Kernel.log_scores:
+            raise NotImplementedError(f"kernel {self.name!r} defines neither scores(q, k, scaling) nor log_scores")
+        return self.log_scores(q, k, scaling).exp()
+
+    def log_scores(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Tensor:
+        """log κ(q_i, k_j) ``[B, Hq, N, M]`` (see :meth:`scores`); -inf where κ = 0."""
+        if type(self).scores is Kernel.scores:
+            raise NotImplementedError(f"kernel {self.name!r} defines neither scores(q, k, scaling) nor log_scores")
+        return self.scores(q, k, scaling).log()
 
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:
         if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -166,6 +202,11 @@ def visibility_mask(
     if mask is not None:
         mask = mask | ~mask.any(-1, keepdim=True)
     return mask
+
+
+def expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``[B, Hkv, M, D] -> [B, Hq, M, D]``: each KV head repeated for the query heads that read it."""
+    return x.repeat_interleave(num_heads // x.shape[1], dim=1) if x.shape[1] != num_heads else x
 
 
 def accum(x: torch.Tensor) -> torch.Tensor:

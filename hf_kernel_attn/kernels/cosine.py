@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from .base import Kernel, KernelOptions, accum, one_of, positive
+from .base import Kernel, KernelOptions, accum, expand_kv, one_of, positive
 from .projection import PROJECTIONS, QKProjection
 from .softmax import fused_attention
 
@@ -61,6 +61,16 @@ class CosineKernel(Kernel):
             self.log_gain.fill_(math.log(g0))
 
     supports_bias = True
+
+    def log_scores(self, q, k, scaling):
+        """log κ = g_h cos(q', k') (q', k' after the optional projection)."""
+        if self.projection is not None:
+            q, k = self.projection(q, k)
+        k = expand_kv(k, q.shape[1])
+        gain = self.log_gain.to(q.dtype).exp()[None, :, None, None]
+        qn = q / q.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        kn = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        return gain * qn @ kn.transpose(-1, -2)
 
     def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0, bias=None):
         self.check_inputs(q, k, v, causal)

@@ -81,6 +81,7 @@ class LinearKernel(Kernel):
     sliding-window hybrid of :mod:`.window` (softmax over the last W keys, φ over the older ones)."""
 
     is_linear: ClassVar[bool] = True
+    kind: ClassVar[str] = "linear"
     options_cls = LinearOptions
     # a diagnostic switch, not an option (never saved): True drops the feature-map part of a windowed hybrid,
     # leaving softmax over the window alone (integration/branches.py)
@@ -118,6 +119,21 @@ class LinearKernel(Kernel):
 
     def log_decay(self) -> torch.Tensor | None:
         return None
+
+    def scores(self, q, k, scaling):
+        """κ_ij = w_ij φ(q_i)·φ(k_j) ``[B, Hq, N, M]``, w_ij = exp(log_decay_h · |pos_i - pos_j|) (1 without a
+        decay); query i sits at position M - N + i. Without the window option's softmax part."""
+        fq, fk = self.features(q, k, scaling)  # [B, Hkv, G, N, F], [B, Hkv, M, F]
+        kappa = torch.einsum("bhgnf,bhmf->bhgnm", fq, fk)
+        decay = self.log_decay()
+        if decay is not None:
+            n, m = q.shape[-2], k.shape[-2]
+            dist = (torch.arange(m - n, m, device=q.device)[:, None] - torch.arange(m, device=q.device)).abs()
+            kappa = kappa * (decay.to(kappa.dtype)[:, None, None, None] * dist.to(kappa.dtype)).exp()
+        return kappa.flatten(1, 2)
+
+    def log_scores(self, q, k, scaling):
+        return self.scores(q, k, scaling).clamp_min(1e-300).log()
 
     def check_positions(self, end: int) -> None:
         """Raise if token positions up to ``end`` (exclusive) are outside what the feature map supports."""
@@ -254,6 +270,10 @@ class LinearKernel(Kernel):
             log_mix = off if log_mix is None else log_mix + off
         return log_mix
 
+    @property
+    def has_closed_form(self) -> bool:
+        return type(self).closed_form is not LinearKernel.closed_form
+
     def closed_form(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> linear.ClosedForm | None:
         """φ(q)·φ(k) as a function of cheaper vectors (``[B, Hq, N, d]`` / ``[B, Hkv, N, d]``), if the kernel
         has one; the no-grad causal path then scores within chunks from it."""
@@ -279,7 +299,7 @@ class LinearKernel(Kernel):
         weighted by SCAN_COST_FACTOR, and the state adds 2·F·(Dv + 1)/G; bidirectional: quadratic ≈
         2·M·(d + Dv + 1), linear ≈ 2·F·(Dv + 1)·(1 + M/(N·G)) + F·(1 + M/(N·G)) for the features. The
         option ``quadratic_below`` (N at most this: quadratic) overrides the choice in both modes."""
-        if type(self).closed_form is LinearKernel.closed_form or self.log_decay() is not None:
+        if not self.has_closed_form or self.log_decay() is not None:
             return False
         n, m, d, dv, g = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[1] // k.shape[1]
         fixed = getattr(self.options, "quadratic_below", None)
@@ -510,6 +530,7 @@ class CosformerKernel(LinearKernel):
 
     name = "cosformer"
     options_cls = CosformerOptions
+    horizon_option = "horizon"
     paper = "Qin et al., ICLR 2022, cosFormer"
 
     @property
@@ -612,6 +633,9 @@ class PerformerKernel(LinearKernel):
             self.omega.copy_(orthogonal_gaussian(self.omega.shape[0], self.omega.shape[1], gen))
 
     def num_features(self) -> int:
+        return int(self.omega.shape[0])
+
+    def projection_width(self, backward: bool = False) -> int:
         return int(self.omega.shape[0])
 
     def feature_q(self, q, pos, scaling):
@@ -753,6 +777,9 @@ class DijiangKernel(LinearKernel):
     def feature(self, x, pos, scaling):
         return torch.softmax((x * math.sqrt(scaling)) @ accum(self.projection), dim=-1)
 
+    def projection_width(self, backward: bool = False) -> int:
+        return int(self.projection.shape[-1])
+
     @property
     def log_gamma(self) -> torch.Tensor:
         """ln γ per KV head ``[Hkv]`` in fp64 (fixed, derived from the head count); the linear forms cast it
@@ -805,6 +832,10 @@ class HedgehogKernel(LinearKernel):
 
     def num_features(self) -> int:
         return 2 * int(self.weight_q.shape[-1])
+
+    def projection_width(self, backward: bool = False) -> int:
+        """p = xW; with autograd, p and -p come from one matmul with [W, -W]."""
+        return int(self.weight_q.shape[-1]) * (2 if backward else 1)
 
     @staticmethod
     def _map(x, w, b, scaling):

@@ -22,7 +22,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from .base import Kernel, KernelOptions, one_of, positive, visibility_mask
+from .base import Kernel, KernelOptions, expand_kv, one_of, positive, visibility_mask
 from .projection import PROJECTIONS, QKProjection
 from .softmax import fused_attention
 
@@ -85,6 +85,16 @@ class GaussianKernel(Kernel):
         return base * self.log_gain.float().exp()  # [Hq]
 
     supports_bias = True
+
+    def score_dim(self, head_dim: int) -> int:
+        return head_dim + 1  # |q - k|² as one product of [q, 1] and [k, -|k|²/2]-style rows
+
+    def log_scores(self, q, k, scaling):
+        """log κ = -|q' - k'|² / (2σ²) (q', k' after the optional projection)."""
+        if self.projection is not None:
+            q, k = self.projection(q, k)
+        inv = self.inv_sigma_sq(scaling, q.shape[-1]).to(q.dtype)[None, :, None, None]
+        return -inv * torch.cdist(q, expand_kv(k, q.shape[1])).pow(2) / 2
 
     def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0, bias=None):
         self.check_inputs(q, k, v, causal)

@@ -24,7 +24,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from .base import Kernel, KernelOptions, visibility_mask
+from .base import Kernel, KernelOptions, expand_kv, visibility_mask
 
 # queries per SDPA call of the windowed form: C = W clamped to [MIN_QUERY_CHUNK, QUERY_CHUNK]
 QUERY_CHUNK = 256
@@ -199,6 +199,10 @@ class SoftmaxKernel(Kernel):
     full_precision = False  # the host's own attention, autocast included
     supports_bias = True
     paper = "Vaswani et al., 2017, Attention Is All You Need; sinks: Xiao et al., 2024, StreamingLLM"
+
+    def log_scores(self, q, k, scaling):
+        """log κ = s q·k."""
+        return scaling * q @ expand_kv(k, q.shape[1]).transpose(-1, -2)
 
     @property
     def window(self) -> int:

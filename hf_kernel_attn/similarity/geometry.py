@@ -15,6 +15,7 @@ w off the module's forward with one-hot values (v = I), so it is the implementat
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 from typing import Any
@@ -33,36 +34,16 @@ GEOMETRY_PARAMS: dict[str, dict[str, Any]] = {
 }
 
 
-def _expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    return x.repeat_interleave(num_heads // x.shape[1], dim=1) if x.shape[1] != num_heads else x
-
-
 @torch.no_grad()
 def log_kernel(kernel: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Tensor:
-    """log κ(q_i, k_j) for every head: q ``[B, H, N, D]``, k ``[B, Hkv, M, D]`` -> ``[B, H, N, M]`` (fp64)."""
-    name = kernel.name
-    q, k = q.double(), k.double()
-    h = q.shape[1]
-    if name == "softmax":
-        return scaling * q @ _expand_kv(k, h).transpose(-1, -2)
-    if name in ("gaussian", "cosine"):
-        if getattr(kernel, "projection", None) is not None:
-            qf, kf = kernel.projection(q.float(), k.float())
-            q, k = qf.double(), kf.double()
-        k = _expand_kv(k, h)
-        if name == "gaussian":
-            inv = kernel.inv_sigma_sq(scaling, q.shape[-1]).double()[None, :, None, None]
-            return -inv * torch.cdist(q, k).pow(2) / 2
-        gain = kernel.log_gain.double().exp()[None, :, None, None]
-        qn = q / q.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        kn = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        return gain * qn @ kn.transpose(-1, -2)
-    if getattr(kernel, "is_linear", False):
-        with torch.no_grad():
-            fq, fk = kernel.features(q.float(), k.float(), scaling)  # [B, Hkv, G, N, F], [B, Hkv, M, F]
-        kappa = torch.einsum("bhgnf,bhmf->bhgnm", fq.double(), fk.double())
-        return kappa.flatten(1, 2).clamp_min(1e-300).log()
-    raise ValueError(f"no kernel-value formula for kernel {name!r}")
+    """log κ(q_i, k_j) for every head: q ``[B, H, N, D]``, k ``[B, Hkv, M, D]`` -> ``[B, H, N, M]`` (fp64), from
+    the kernel's own definition (``Kernel.log_scores``)."""
+    state = list(kernel.state_dict().values())
+    work = kernel if all(t.dtype == torch.float64 for t in state) else copy.deepcopy(kernel).double()
+    try:
+        return work.log_scores(q.double(), k.double(), scaling)
+    except NotImplementedError:
+        raise ValueError(f"no kernel-value formula for kernel {kernel.name!r}") from None
 
 
 def attention_map(kernel: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, scaling: float,

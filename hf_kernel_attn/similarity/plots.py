@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..kernels import is_softmax
 from .geometry import attention_map, geometry, layer_qkv, log_kernel, row_entropy
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -141,7 +142,7 @@ def plot_real(model_path: str, gguf_file: str | None, layer: int | None, head: i
     maps: dict[str, torch.Tensor] = {}
     logks: dict[str, torch.Tensor] = {}
     for name in REAL_KERNELS:
-        kern = ref["kernel"] if name == "softmax" else _untrained_kernel(name, ref, layer)
+        kern = ref["kernel"] if is_softmax(name) else _untrained_kernel(name, ref, layer)
         maps[name] = attention_map(kern, q, k, s)[0, head]
         logks[name] = log_kernel(kern, q, k, s)[0, head]
     # the identity: one extra coordinate per head makes the Gaussian equal softmax (every head of the layer)

@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels import is_softmax
+
 TASKS = ("mqar", "listops")
 TRAIN_KERNELS = ("softmax", "gaussian", "cosine", "elu", "hedgehog", "performer")
 EVAL_SEED_FLOOR = 1_000_000  # training seeds are below this; held-out sets are drawn from seeds above it
@@ -310,7 +312,7 @@ def build_model(setting: Setting, kernel: str, seed: int):
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    params = setting.kernel_params.get(kernel, {}) if kernel != "softmax" else {}
+    params = {} if is_softmax(kernel) else setting.kernel_params.get(kernel, {})
     hf_kernel_attn.patch(model, kernel=kernel, **params)
     return model
 

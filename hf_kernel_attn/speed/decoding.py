@@ -13,6 +13,7 @@ import torch
 from ..integration.attention import KERNEL_ATTR
 from ..integration.cache import RecurrentStateCache, RecurrentStateLayer, wants_state_cache
 from ..integration.patching import attention_modules, patch
+from ..kernels import SOFTMAX, is_softmax, kernel_class
 from ..kernels.base import accum
 from ..kernels.linear import LinearState, SinkSet
 
@@ -145,13 +146,14 @@ def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, 
     """``decode_latency`` for every kernel and context; ``softmax`` (K/V cache) is always measured too.
     cosformer gets ``horizon`` = the longest context when that exceeds the model's max positions.
     Adds ``ratio_vs_softmax`` (same context) and ``ratio_vs_shortest`` (same kernel, shortest context)."""
-    kernels = ["softmax", *[k for k in kernels if k != "softmax"]]
+    kernels = [SOFTMAX, *[k for k in kernels if not is_softmax(k)]]
     rows = []
     longest = max(contexts) + steps + DECODE_WARMUP
     for kernel in kernels:
         name, params = parse_kernel_spec(kernel)
-        if name == "cosformer" and longest > getattr(model.config, "max_position_embeddings", longest):
-            params.setdefault("horizon", longest)  # cosformer refuses positions past its horizon (max positions)
+        horizon = kernel_class(name).horizon_option  # cosformer refuses positions past its horizon
+        if horizon and longest > getattr(model.config, "max_position_embeddings", longest):
+            params.setdefault(horizon, longest)
         patch(model, kernel=name, **params)
         for context in contexts:
             row = {"kernel": kernel, "params": params,
@@ -159,7 +161,7 @@ def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, 
             rows.append(row)
             if progress:
                 progress(row)
-    base = {r["context"]: r["decode_ms"] for r in rows if r["kernel"] == "softmax"}
+    base = {r["context"]: r["decode_ms"] for r in rows if is_softmax(r["kernel"])}
     first = {}
     for r in rows:
         first.setdefault(r["kernel"], r["decode_ms"])

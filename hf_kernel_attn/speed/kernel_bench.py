@@ -65,11 +65,9 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def kernel_kind(name: str) -> str:
-    """``"softmax-like"`` (quadratic in N), ``"linear"`` (feature maps) or ``"nystrom"`` (skyformer)."""
-    cls = kernel_class(name)
-    if cls.is_linear:
-        return "linear"
-    return "nystrom" if name == "skyformer" else "softmax-like"
+    """The kernel class's ``kind``: ``"softmax-like"`` (quadratic in N), ``"linear"`` (feature maps), ``"gated"``
+    or ``"nystrom"`` (skyformer)."""
+    return kernel_class(name).kind
 
 
 # ---------------------------------------------------------------------------------------------- machine
@@ -269,17 +267,6 @@ def feature_dim(kernel: Kernel) -> int:
     return int(fk.shape[-1])
 
 
-def _projection_width(kernel: Kernel, backward: bool = False) -> int:
-    """Columns of the learned/fixed projection a feature map applies to q and k (0 when elementwise)."""
-    if kernel.name == "performer":
-        return int(kernel.omega.shape[0])
-    if kernel.name == "hedgehog":  # p = xW; with autograd, p and -p come from one matmul with [W, -W]
-        return int(kernel.weight_q.shape[-1]) * (2 if backward else 1)
-    if kernel.name == "dijiang":
-        return int(kernel.projection.shape[-1])
-    return 0
-
-
 def _chunked_causal_flops(n: int, c: int, f: int, dv: int, hq: int, hkv: int, score_dim: int | None = None) -> float:
     """Matmul FLOPs of :func:`linear.scan` for one sequence. Values carry an extra all-ones column (the
     denominator), so they are Dv + 1 wide. Per query head: the in-chunk scores (2·L²·F) and
@@ -318,18 +305,21 @@ def estimate_flops(kernel: Kernel, n: int, *, batch: int = 1, causal: bool, back
     * skyformer: landmark Gram matrices, Newton–Schulz iterations and the right-to-left products; where it
       runs the exact Gaussian (``form``), the fused attention on D + 1 coordinates.
     """
+    own = kernel.flops(n, batch=batch, causal=causal, backward=backward)
+    if own is not None:
+        return float(own)
     s = kernel.shape
     hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
     dv = d
-    kind = kernel_kind(kernel.name)
+    kind = kernel.kind
     if kind == "softmax-like":
         pairs = n * (n + 1) / 2 if causal else float(n * n)
-        dqk = d + 1 if kernel.name == "gaussian" else d
+        dqk = kernel.score_dim(d)
         fwd = 2.0 * batch * hq * pairs * (dqk + dv)
-    elif kind == "linear":
+    elif kind in ("linear", "gated"):
         f = feature_dim(kernel)
         chunk = kernel.options.chunk_size
-        closed = kernel.name == "taylor" and not backward  # the no-grad path scores from q·k
+        closed = kernel.has_closed_form and not backward  # the no-grad path scores from q·k
         meta = [torch.empty(batch, h, n, d, device="meta") for h in (hq, hkv, hkv)]
         if causal and closed and kernel._quadratic_is_cheaper(*meta, False):
             per_seq = _quadratic_causal_flops(n, batch, hq, d, dv)
@@ -343,7 +333,7 @@ def estimate_flops(kernel: Kernel, n: int, *, batch: int = 1, causal: bool, back
             per_seq = 2 * _chunked_causal_flops(n, chunk, f, dv, hq, hkv)
         else:
             per_seq = 2.0 * (hkv + hq) * n * f * (dv + 1)  # values with their ones column
-        per_seq += 2.0 * n * d * _projection_width(kernel, backward) * (hq + hkv)
+        per_seq += 2.0 * n * d * kernel.projection_width(backward) * (hq + hkv)
         fwd = batch * per_seq
     elif not backward and kernel.uses_exact(n, d, dv):  # skyformer's exact Gaussian: fused SDPA, D + 1 wide
         fwd = 2.0 * batch * hq * n * n * (2 * (d + 1))

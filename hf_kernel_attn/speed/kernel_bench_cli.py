@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..kernels import KERNELS
+from ..kernels import KERNELS, is_softmax
 from .kernel_bench import (
     MAX_LEN_LINEAR,
     MAX_LEN_QUADRATIC,
@@ -108,7 +108,7 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> bool:
                          and r["causal"] == causal and r["backward"] == backward)
             if pts:
                 xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-                ax.loglog(xs, ys, marker="o", label=name + (" (SDPA)" if name == "softmax" else ""))
+                ax.loglog(xs, ys, marker="o", label=name + (" (SDPA)" if is_softmax(name) else ""))
         ax.set_title(("causal" if causal else "bidirectional") + (" fwd+bwd" if backward else " fwd"))
         ax.set_xlabel("sequence length N")
         ax.set_ylabel("time per call (ms)")

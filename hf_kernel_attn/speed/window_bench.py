@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..kernels import KERNELS, LayerShape, build_kernel
+from ..kernels import KERNELS, SOFTMAX, LayerShape, build_kernel
 from .kernel_bench import machine_info, num_threads
 
 FEATURE_MAPS = sorted(n for n, c in KERNELS.items() if c.is_linear)
@@ -47,7 +47,7 @@ def window_speed(
     for name, value in (("length", length), ("window", window), ("rounds", rounds)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    configs = [("softmax", 0)] + [(k, w) for k in kernels for w in (0, window)]
+    configs = [(SOFTMAX, 0)] + [(k, w) for k in kernels for w in (0, window)]
     shape = LayerShape(heads, kv_heads, head_dim, 0, max(length, 2048))
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, heads, length, head_dim, generator=gen)

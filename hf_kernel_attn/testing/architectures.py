@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from ..kernels import is_softmax
+
 KERNELS = ("softmax", "gaussian", "cosine", "elu", "hedgehog")
 SOFTMAX_ATOL = 1e-5
 BATCH, SEQ = 2, 12
@@ -369,7 +371,7 @@ def run_architecture(arch: Architecture, kernels: Iterable[str] = KERNELS) -> di
         return row
     row.update(model_class=type(model).__name__, reference=impl, attention_layers=len(attention_modules(model)))
     for kernel in kernels:
-        row["cells"][kernel] = run_kernel(model, inputs, kernel, reference if kernel == "softmax" else None)
+        row["cells"][kernel] = run_kernel(model, inputs, kernel, reference if is_softmax(kernel) else None)
     row["seconds"] = time.perf_counter() - start
     return row
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from ..kernels import KERNELS, import_modules, validate_params
+
 TASKS = ("causal_lm", "sequence_classification", "sentence_embedding")
 STAGES = ("transfer", "distill", "lora", "full")
 DISTILL_TRAIN = ("lora", "full")  # what the distill stage trains
@@ -49,6 +51,7 @@ DEFAULTS: dict[str, Any] = {
         "recall_max_facts": 3,   # facts per such block (1 ... this), each stated once and asked at the end
     },
     "seed": 0,
+    "imports": [],               # modules to import first: they register kernels of your own (register_kernel)
     "stages": {
         "transfer": {**_STAGE, "lr": 1e-2, "loss": "mse"},
         # KL(teacher || student) on the next-token distribution, the teacher being the same model with softmax
@@ -197,6 +200,13 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         _merge(config, _nest(keys, value))
     if isinstance(config["model"], str) and config["model"].startswith("pkg:"):
         config["model"] = resolve_package_path(config["model"])
+    imports = config["imports"]
+    _check(isinstance(imports, list) and all(isinstance(m, str) for m in imports),
+           f"imports must be a list of module names, got {imports!r}")
+    try:
+        import_modules(imports, where="imports")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     validate(config)
     return config
 
@@ -231,7 +241,6 @@ def validate(config: dict[str, Any]) -> None:
     for key in REQUIRED:
         _check(config.get(key) not in (None, ""), f"config key {key!r} is required")
     _check(config["task"] in TASKS, f"task must be one of {list(TASKS)}, got {config['task']!r}")
-    from ..kernels import KERNELS, validate_params
 
     _check(isinstance(config["kernel"], str) and config["kernel"] in KERNELS,
            f"unknown kernel {config['kernel']!r}; available: {sorted(KERNELS)}")
