@@ -341,6 +341,85 @@ def hedgehog_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     return _linear_from_scores(kern, q, k, scaling, causal, scores, vd, vis)
 
 
+def _pair_norms_ref(x):
+    """‖(x_2i, x_2i+1)‖ for each rotation pair, coordinate by coordinate (the last alone for odd D)."""
+    d = x.shape[-1]
+    cols = []
+    for i in range(0, d, 2):
+        sq = x[..., i] ** 2 + (x[..., i + 1] ** 2 if i + 1 < d else 0.0)
+        cols.append(torch.sqrt(torch.clamp(sq, min=1e-12)))
+    return torch.stack(cols, -1)
+
+
+def _gated_scores(fq, fk, alpha, n, m):
+    """Σ_f φ_f(q_i) φ_f(k_j) Π_s α_s,f with s over (j, p_i] for j ≤ p_i and (p_i, j] for j > p_i, p_i = M - N + i;
+    fq ``[B, Hq, N, F]``, fk and α ``[B, Hq, M, F]`` (α per key position), products taken explicitly."""
+    bsz, hq, _, f = fq.shape
+    scores = torch.zeros(bsz, hq, n, m, dtype=f64)
+    for i in range(n):
+        p = m - n + i
+        for j in range(m):
+            lo, hi = (j + 1, p + 1) if j <= p else (p + 1, j + 1)
+            w = torch.prod(alpha[:, :, lo:hi], dim=2) if hi > lo else torch.ones(bsz, hq, f, dtype=f64)
+            scores[:, :, i, j] = (fq[:, :, i] * fk[:, :, j] * w).sum(-1)
+    return scores
+
+
+def _clamped_gate(log_alpha):
+    return torch.exp(torch.clamp(log_alpha, min=-5.0))
+
+
+def liger_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    """φ(x) = [softmax(s^1/2 x), softmax(-s^1/2 x)], α_t,f = σ(gate_bias + s^1/2 ρ_t,(f mod D)//2) (ρ: RoPE-pair
+    norms of k_t), log α clamped at -5."""
+    s = _scale(q, scaling)
+    hq, d = q.shape[1], q.shape[-1]
+
+    def sm(p):
+        e = torch.exp(p - p.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+    def phi(x):
+        p = x * math.sqrt(s)
+        return torch.cat([sm(p), sm(-p)], -1)
+
+    qd, kd = q.to(f64), k.to(f64)
+    rho = _pair_norms_ref(kd) * math.sqrt(s)
+    per_dim = torch.stack([rho[..., j // 2] for j in range(d)], -1)
+    alpha = _clamped_gate(torch.log(torch.sigmoid(kern.options.gate_bias + per_dim)))
+    alpha = torch.cat([alpha, alpha], -1)
+    scores = _gated_scores(phi(qd), repeat_kv(phi(kd), hq), repeat_kv(alpha, hq), q.shape[-2], k.shape[-2])
+    vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
+    return _linear_from_scores(kern, q, k, scaling, causal, scores, repeat_kv(v.to(f64), hq), vis)
+
+
+def gla_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    """Hedgehog's φ with a low-rank gate: α_t = σ(s^1/2 ρ_t W₁ W₂ + β)^(1/τ) per feature, log α clamped at -5."""
+    s = _scale(q, scaling)
+    hq, hkv = q.shape[1], k.shape[1]
+    wq, bq = kern.weight_q.to(f64), kern.bias_q.to(f64)
+    wk, bk = kern.weight_k.to(f64), kern.bias_k.to(f64)
+
+    def sm(p):
+        e = torch.exp(p - p.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+    def phi(x, w, b):
+        p = (x * math.sqrt(s)) @ w + b
+        return torch.cat([sm(p), sm(-p)], -1)
+
+    qd, kd = q.to(f64), k.to(f64)
+    fq = torch.stack([phi(qd[:, h], wq[h], bq[h]) for h in range(hq)], 1)
+    fk = torch.stack([phi(kd[:, h], wk[h], bk[h]) for h in range(hkv)], 1)
+    rho = _pair_norms_ref(kd) * math.sqrt(s)  # [B, Hkv, M, P]
+    down, up, beta = kern.gate_down.to(f64), kern.gate_up.to(f64), kern.gate_bias.to(f64)
+    logits = torch.stack([rho[:, h] @ down[h] @ up[h] + beta[h] for h in range(hkv)], 1)
+    alpha = _clamped_gate(torch.log(torch.sigmoid(logits)) / kern.options.gate_temperature)
+    scores = _gated_scores(fq, repeat_kv(fk, hq), repeat_kv(alpha, hq), q.shape[-2], k.shape[-2])
+    vis = visible(q.shape[0], q.shape[-2], k.shape[-2], causal, key_mask)
+    return _linear_from_scores(kern, q, k, scaling, causal, scores, repeat_kv(v.to(f64), hq), vis)
+
+
 def taylor_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     """Closed form of the second-order Taylor kernel: 1 + t + t²/2, t = s q·k (no features)."""
     s = _scale(q, scaling)
@@ -423,6 +502,8 @@ REFERENCES = {
     "hedgehog": hedgehog_ref,
     "taylor": taylor_ref,
     "skyformer": skyformer_ref,
+    "liger": liger_ref,
+    "gla": gla_ref,
 }
 
 

@@ -45,11 +45,14 @@ def randomize_parameters(kern):
             kern.log_gain.copy_(0.4 * torch.randn(kern.log_gain.shape, generator=gen))
         elif kern.name == "cosine":
             kern.log_gain.copy_(torch.log(1.0 + 4.0 * torch.rand(kern.log_gain.shape, generator=gen)))
-        elif kern.name == "hedgehog":
+        elif kern.name in ("hedgehog", "gla"):
             for w in (kern.weight_q, kern.weight_k):
                 w.add_(0.5 * torch.randn(w.shape, generator=gen))
             for b in (kern.bias_q, kern.bias_k):
                 b.copy_(0.5 * torch.randn(b.shape, generator=gen))
+        if kern.name == "gla":  # gates away from ~1, so the decay matters
+            kern.gate_up.copy_(torch.randn(kern.gate_up.shape, generator=gen))
+            kern.gate_bias.copy_(torch.randn(kern.gate_bias.shape, generator=gen))
     return kern
 
 

@@ -18,6 +18,7 @@ from .feature_maps import (
     ReluKernel,
     TaylorKernel,
 )
+from .gated_kernels import GatedKernel, GlaKernel, LigerKernel
 from .gaussian import GaussianKernel
 from .registry import KERNELS, add_kernel, defining_module, import_modules, is_builtin, kernel_class
 from .skyformer import SkyformerKernel
@@ -26,7 +27,7 @@ from .softmax import SoftmaxKernel
 SOFTMAX = "softmax"  # the reference kernel: the model's own attention
 
 for _cls in (SoftmaxKernel, GaussianKernel, CosineKernel, EluKernel, ReluKernel, CosformerKernel, PerformerKernel,
-             DijiangKernel, HedgehogKernel, TaylorKernel, SkyformerKernel):
+             DijiangKernel, HedgehogKernel, TaylorKernel, SkyformerKernel, LigerKernel, GlaKernel):
     add_kernel(_cls)
 
 
@@ -49,6 +50,6 @@ def build_kernel(name: str, shape: LayerShape, params: dict[str, Any] | None = N
     return kernel
 
 
-__all__ = ["KERNELS", "SOFTMAX", "FeatureMapKernel", "Kernel", "KernelOptions", "LayerShape", "LinearKernel",
-           "LinearOptions", "add_kernel", "build_kernel", "defining_module", "import_modules", "is_builtin",
-           "is_softmax", "kernel_class", "validate_params"]
+__all__ = ["KERNELS", "SOFTMAX", "FeatureMapKernel", "GatedKernel", "Kernel", "KernelOptions", "LayerShape",
+           "LinearKernel", "LinearOptions", "add_kernel", "build_kernel", "defining_module", "import_modules",
+           "is_builtin", "is_softmax", "kernel_class", "validate_params"]

@@ -106,7 +106,7 @@ def _compare(name: str, form: str, got: torch.Tensor, want: torch.Tensor, rows: 
              atol: float, rtol: float) -> float:
     if got.shape != want.shape:
         _fail(name, form, f"output shape {tuple(got.shape)}, expected {tuple(want.shape)}")
-    got, want = got.double(), want.double()
+    got, want = got.detach().double(), want.detach().double()
     if rows is not None:
         got, want = got[rows], want[rows]
     if not torch.isfinite(got).all():

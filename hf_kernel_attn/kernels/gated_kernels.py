@@ -1,0 +1,166 @@
+"""Gated feature-map kernels (kind ``gated``): a feature map φ plus a per-token gate α_t ∈ (0, 1] per key feature,
+evaluated by :mod:`.gated` (every form of the other feature maps: bidirectional, chunked causal, recurrent
+decoding, the ``window=W`` hybrid, exact softmax heads).
+
+Gates are computed from the layer's (RoPE-rotated) keys through the norms of their rotation pairs,
+ρ_{t,i} = ||(k_{t,2i}, k_{t,2i+1})||, which RoPE leaves unchanged, so a gate does not depend on where the token
+sits. Subclasses define :meth:`GatedKernel.log_gate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from .base import LayerShape, group_queries, ungroup_output
+from .feature_maps import HedgehogKernel, HedgehogOptions, LinearKernel, LinearOptions
+from .gated import GATED_CHUNK, MIN_LOG_GATE, cumulative, gated_hybrid, gated_linear
+from .linear import normalize
+
+
+@dataclasses.dataclass
+class GatedOptions(LinearOptions):
+    chunk_size: int = GATED_CHUNK
+
+    def validate(self) -> None:
+        super().validate()
+        if self.sinks:
+            raise ValueError(f"sinks={self.sinks}: gated kernels take a window (window=W) but no sinks yet; set "
+                             "sinks=0")
+        if self.chunk_size * -MIN_LOG_GATE > 80:
+            raise ValueError(f"chunk_size={self.chunk_size}: gated kernels need chunk_size <= "
+                             f"{int(80 // -MIN_LOG_GATE)} (the in-chunk factors e^(b0 - b_j) stay finite in fp32)")
+
+
+def pair_norms(k: torch.Tensor) -> torch.Tensor:
+    """``[..., D]`` -> ``[..., ⌈D/2⌉]``: the norm of each RoPE rotation pair (the last coordinate alone for odd D)."""
+    d = k.shape[-1]
+    sq = k.pow(2)
+    if d % 2:
+        sq = torch.cat([sq, torch.zeros_like(sq[..., :1])], -1)
+    return sq.view(*sq.shape[:-1], -1, 2).sum(-1).clamp_min(1e-12).sqrt()
+
+
+class GatedKernel(LinearKernel):
+    """φ(q)·φ(k) weighted by e^{b_i - b_j} (b the running sum of log α) instead of a fixed decay; see
+    :mod:`.gated` for the forms."""
+
+    kind: ClassVar[str] = "gated"
+    options_cls = GatedOptions
+
+    def log_gate(self, k: torch.Tensor, scaling: float) -> torch.Tensor:
+        """log α_t ≤ 0 ``[B, Hkv, M, F]`` (or ``[..., 1]``, one per head) from the keys ``[B, Hkv, M, D]``."""
+        raise NotImplementedError
+
+    def gates(self, k: torch.Tensor, scaling: float) -> torch.Tensor:
+        return self.log_gate(k.float() if k.dtype != torch.float64 else k, scaling).clamp_min(MIN_LOG_GATE)
+
+    def scores(self, q, k, scaling):
+        """κ_ij = Σ_f φ_f(q_i) φ_f(k_j) e^{-|b_{p_i} - b_j|_f} ``[B, Hq, N, M]`` (query i at position M - N + i)."""
+        fq, fk = self.features(q, k, scaling)  # [B, H, G, N, F], [B, H, M, F]
+        b = cumulative(self.gates(k, scaling))  # [B, H, M, F or 1]
+        n, m = q.shape[-2], k.shape[-2]
+        bq = b[:, :, m - n:]
+        weight = (-(bq[:, :, :, None] - b[:, :, None, :]).abs()).exp()  # [B, H, N, M, F]
+        kappa = torch.einsum("bhgnf,bhmf,bhnmf->bhgnm", fq, fk, weight.expand(*weight.shape[:-1], fk.shape[-1]))
+        return kappa.flatten(1, 2)
+
+    def _feature_map_with_state(self, q, k, v, key_mask, causal, scaling, state, offset, need_state):
+        fq, fk = self.features(q, k, scaling, offset)
+        log_gate = self.gates(k, scaling)
+        hkv = k.shape[1]
+        if self.window:
+            out, new_state = gated_hybrid(
+                group_queries(q, hkv), k, v, fq, fk, log_gate, window=self.window, scaling=scaling, causal=causal,
+                key_mask=key_mask, state=state, log_mix=self.branch_log_mix(hkv, k.device),
+                chunk_size=self.options.chunk_size)
+            return ungroup_output(out).to(q.dtype), new_state
+        num, den, new_state = gated_linear(fq, fk, v, log_gate, causal=causal, key_mask=key_mask, state=state,
+                                           chunk_size=self.options.chunk_size)
+        return ungroup_output(normalize(num, den, self.options.eps)).to(q.dtype), new_state
+
+
+@dataclasses.dataclass
+class LigerOptions(GatedOptions):
+    gate_bias: float = 3.0  # α = σ(gate_bias + s^1/2 ρ): at least σ(3) ≈ 0.95, a memory of ≳ 20 tokens
+
+    def validate(self) -> None:
+        super().validate()
+        if isinstance(self.gate_bias, bool) or not isinstance(self.gate_bias, (int, float)):
+            raise ValueError(f"gate_bias must be a number, got {self.gate_bias!r}")
+
+
+class LigerKernel(GatedKernel):
+    """Liger-style gated linear attention with no new weights (Lan et al., ICML 2025, "Liger: Linearizing Large
+    Language Models to Gated Recurrent Structures"): φ(x) = [softmax(s^1/2 x), softmax(-s^1/2 x)] and a gate
+    pooled from the layer's own keys, log α_{t,f} = log σ(gate_bias + s^1/2 ρ_{t,i(f)}) with ρ the RoPE-pair
+    norms of k_t (feature f of either half reads pair i(f) = (f mod D) // 2). Conversion trains the model's own
+    projections (LoRA) around it; use it with a window (``window=64``), as Liger does."""
+
+    name = "liger"
+    options_cls = LigerOptions
+    paper = "Lan et al., ICML 2025, Liger: Linearizing LLMs to Gated Recurrent Structures"
+
+    def num_features(self) -> int:
+        return 2 * self.shape.head_dim
+
+    def feature(self, x, pos, scaling):
+        p = x * math.sqrt(scaling)
+        return torch.cat([torch.softmax(p, -1), torch.softmax(-p, -1)], -1)
+
+    def log_gate(self, k, scaling):
+        rho = pair_norms(k) * math.sqrt(scaling)  # [B, H, M, ⌈D/2⌉]
+        per_dim = rho.repeat_interleave(2, -1)[..., :k.shape[-1]]
+        return nn.functional.logsigmoid(self.options.gate_bias + per_dim).repeat(1, 1, 1, 2)
+
+
+@dataclasses.dataclass
+class GlaOptions(HedgehogOptions, GatedOptions):
+    gate_rank: int = 16
+    gate_temperature: float = 16.0  # τ: log α = log σ(·) / τ (GLA's normaliser)
+    chunk_size: int = GATED_CHUNK
+
+    def validate(self) -> None:
+        super().validate()
+        if isinstance(self.gate_rank, bool) or not isinstance(self.gate_rank, int) or self.gate_rank <= 0:
+            raise ValueError(f"gate_rank must be an integer > 0, got {self.gate_rank!r}")
+        if isinstance(self.gate_temperature, bool) or not isinstance(self.gate_temperature, (int, float)) \
+                or self.gate_temperature <= 0:
+            raise ValueError(f"gate_temperature must be a number > 0, got {self.gate_temperature!r}")
+
+
+class GlaKernel(GatedKernel, HedgehogKernel):
+    """GLA-style gated linear attention (Yang et al., ICML 2024): hedgehog's learnable feature maps and a
+    learnable low-rank gate per KV head, log α_t = log σ(s^1/2 ρ_t W₁ W₂ + β) / τ with ρ_t the RoPE-pair norms of
+    k_t (W₁ ``[Hkv, ⌈D/2⌉, r]``, W₂ ``[Hkv, r, F]``, β ``[Hkv, F]``); W₂ starts at 0 and β at 4, so every gate
+    starts at α = σ(4)^(1/τ) ≈ 0.999 and attention transfer learns them."""
+
+    name = "gla"
+    options_cls = GlaOptions
+    paper = "Yang et al., ICML 2024, Gated Linear Attention Transformers with Hardware-Efficient Training"
+
+    def __init__(self, shape: LayerShape, options: GlaOptions):
+        super().__init__(shape, options)
+        pairs, r, f = -(-shape.head_dim // 2), options.gate_rank, self.num_features()
+        self.gate_down = nn.Parameter(torch.empty(shape.num_kv_heads, pairs, r))
+        self.gate_up = nn.Parameter(torch.empty(shape.num_kv_heads, r, f))
+        self.gate_bias = nn.Parameter(torch.empty(shape.num_kv_heads, f))
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        gen = torch.Generator().manual_seed(1_000_003 + self.shape.layer_idx)
+        with torch.no_grad():
+            self.gate_down.copy_(torch.randn(self.gate_down.shape, generator=gen) / math.sqrt(self.gate_down.shape[1]))
+            self.gate_up.zero_()
+            self.gate_bias.fill_(4.0)
+
+    def log_gate(self, k, scaling):
+        rho = pair_norms(k) * math.sqrt(scaling)  # [B, H, M, P]
+        dtype = rho.dtype
+        logits = rho @ self.gate_down.to(dtype)[None] @ self.gate_up.to(dtype)[None] + self.gate_bias.to(dtype)[
+            None, :, None]
+        return nn.functional.logsigmoid(logits) / self.options.gate_temperature
