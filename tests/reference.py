@@ -366,12 +366,12 @@ def _gated_scores(fq, fk, alpha, n, m):
 
 
 def _clamped_gate(log_alpha):
-    return torch.exp(torch.clamp(log_alpha, min=-5.0))
+    return torch.exp(torch.clamp(log_alpha, min=-1.25))
 
 
 def liger_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     """φ(x) = [softmax(s^1/2 x), softmax(-s^1/2 x)], α_t,f = σ(gate_bias + s^1/2 ρ_t,(f mod D)//2) (ρ: RoPE-pair
-    norms of k_t), log α clamped at -5."""
+    norms of k_t), log α clamped at -1.25."""
     s = _scale(q, scaling)
     hq, d = q.shape[1], q.shape[-1]
 
@@ -394,7 +394,7 @@ def liger_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
 
 
 def gla_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
-    """Hedgehog's φ with a low-rank gate: α_t = σ(s^1/2 ρ_t W₁ W₂ + β)^(1/τ) per feature, log α clamped at -5."""
+    """Hedgehog's φ with a low-rank gate: α_t = σ(s^1/2 ρ_t W₁ W₂ + β)^(1/τ) per feature, log α clamped at -1.25."""
     s = _scale(q, scaling)
     hq, hkv = q.shape[1], k.shape[1]
     wq, bq = kern.weight_q.to(f64), kern.bias_q.to(f64)

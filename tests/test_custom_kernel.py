@@ -260,3 +260,28 @@ def test_outside_kernel_converts_evaluates_and_benchmarks_minilm(custom_kernels,
 def test_shape_probe_of_a_feature_map(custom_kernels):
     kern = hf_kernel_attn.kernels.build_kernel("sqrelu", LayerShape(4, 2, 8))
     assert kern.num_features() == 8
+
+
+def test_gated_kernels_with_scalar_and_per_feature_gates_pass_the_kit():
+    """A gate of one value per head (broadcast over the features) and one per feature, through the public
+    GatedKernel base: every form against the brute force of its scores (e^{-|b_i - b_j|} weights)."""
+    from hf_kernel_attn.kernels import GatedKernel
+
+    class ScalarGate(GatedKernel):
+        name = "scalar-gate"
+
+        def feature(self, x, pos, scaling):
+            return torch.nn.functional.elu(x) + 1
+
+        def log_gate(self, k, scaling):
+            return torch.nn.functional.logsigmoid(k.mean(-1, keepdim=True) + 1.0)
+
+    class FeatureGate(ScalarGate):
+        name = "feature-gate"
+
+        def log_gate(self, k, scaling):
+            return torch.nn.functional.logsigmoid(2 * k)
+
+    for cls in (ScalarGate, FeatureGate):
+        errors = check_kernel(cls)
+        assert any("window=5" in f for f in errors) and any("decoding" in f for f in errors)

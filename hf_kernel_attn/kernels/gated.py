@@ -14,7 +14,8 @@ Evaluation: chunks of C positions; inside a chunk the pairwise weights come from
 k̃ = φ(k) ⊙ e^{b₀ - b_j} (b₀ the log-decay at the chunk's start), across chunks a state of F × (Dv + 1) per KV
 head; with a window, the state's keys are the keys W positions back, k'_t = φ(k_{t-W}) ⊙ e^{b_t - b_{t-W}}, so
 one causal pass yields the part beyond the window. log α is clamped at ``MIN_LOG_GATE`` so that e^{b₀ - b_j}
-stays finite in fp32 within a chunk (C · 5 < 88).
+stays finite in fp32 within a chunk, in the forward and in the backward's products (C · 1.25 ≤ 40; GLA's
+log σ(·)/16 gates reach the bound only for logits below -20).
 
 The state of a call (:class:`.linear.LinearState`: S ``[B, Hkv, F, Dv]``, z ``[B, Hkv, F]``) holds the keys
 before the ones a next call passes again (a window hybrid's last W - 1), decayed to the last of them.
@@ -27,8 +28,9 @@ import torch
 from .base import accum
 from .linear import LinearState, with_ones
 
-MIN_LOG_GATE = -5.0
-GATED_CHUNK = 16
+MIN_LOG_GATE = -1.25
+GATED_CHUNK = 32
+MAX_CHUNK_LOG_RANGE = 40.0  # C · |MIN_LOG_GATE|: e^{40} factors, and their products in the backward, stay finite
 
 
 def cumulative(log_gate: torch.Tensor) -> torch.Tensor:
@@ -56,27 +58,39 @@ def gated_causal(fq: torch.Tensor, fk: torch.Tensor, v1: torch.Tensor, log_gate:
 
     ``fq`` ``[B, H, G, N, F]``, ``fk`` ``[B, H, N, F]``, ``v1`` ``[B, H, N, E]`` (values with their ones column),
     ``log_gate`` ``[B, H, N, F]`` or ``[B, H, N, 1]``, ``state`` ``[B, H, F, E]`` or None; returns o
-    ``[B, H, G, N, E]`` and S_N. Differentiable in every input (autograd through the chunk loop)."""
+    ``[B, H, G, N, E]`` and S_N. Every chunk's in-chunk part in one batched matmul, then the chunk states in one
+    pass over the chunks; differentiable in every input (autograd)."""
     b_, h, g, n, f = fq.shape
     e = v1.shape[-1]
-    s = fq.new_zeros(b_, h, f, e) if state is None else state
-    outs = []
-    for start in range(0, n, chunk_size):
-        end = min(start + chunk_size, n)
-        lg = log_gate[:, :, start:end]
-        bc = cumulative(lg)  # [B, H, L, F or 1], relative to the chunk's start
-        qc = fq[:, :, :, start:end] * bc.exp().unsqueeze(2)  # φ(q_t) e^{b_t}
-        kc = fk[:, :, start:end] * (-bc).exp()  # φ(k_j) e^{-b_j}
-        vc = v1[:, :, start:end]
-        length = end - start
-        scores = qc @ kc.unsqueeze(2).transpose(-1, -2)  # [B, H, G, L, L]
-        tril = torch.ones(length, length, dtype=torch.bool, device=fq.device).tril()
-        scores = scores.masked_fill(~tril, 0.0)
-        outs.append(scores @ vc.unsqueeze(2) + qc @ s.unsqueeze(2))
-        last = bc[:, :, -1:]  # b at the chunk's end
-        s = s * last.transpose(-1, -2).exp() + (kc * last.exp()).transpose(-1, -2) @ vc
-    out = torch.cat(outs, -2) if outs else fq.new_zeros(b_, h, g, 0, e)
-    return out, s
+    s0 = fq.new_zeros(b_, h, f, e) if state is None else state
+    if n == 0:
+        return fq.new_zeros(b_, h, g, 0, e), s0
+    c = min(chunk_size, n)
+    nc = -(-n // c)
+    pad = nc * c - n
+    if pad:  # zero keys, values and gates (log α = 0) after the end change nothing before it
+        fq = torch.nn.functional.pad(fq, (0, 0, 0, pad))
+        fk = torch.nn.functional.pad(fk, (0, 0, 0, pad))
+        v1 = torch.nn.functional.pad(v1, (0, 0, 0, pad))
+        log_gate = torch.nn.functional.pad(log_gate, (0, 0, 0, pad))
+    gf = log_gate.shape[-1]
+    bc = log_gate.reshape(b_, h, nc, c, gf).cumsum(-2)  # b relative to each chunk's start
+    grow = bc.exp()  # e^{b_t} <= 1
+    qc = fq.reshape(b_, h, g, nc, c, f) * grow.unsqueeze(2)  # φ(q_t) e^{b_t}
+    kc = fk.reshape(b_, h, nc, c, f) * (-bc).exp()  # φ(k_j) e^{-b_j} <= e^{40} (not 1 / grow: its backward overflows)
+    vc = v1.reshape(b_, h, nc, c, e)
+    tril = torch.ones(c, c, dtype=fq.dtype, device=fq.device).tril()
+    scores = (qc @ kc.unsqueeze(2).transpose(-1, -2)) * tril  # [B, H, G, nc, C, C]
+    out = scores @ vc.unsqueeze(2)
+    carries = grow[:, :, :, -1:].transpose(-1, -2)  # [B, H, nc, F or 1, 1]: e^{b} over each whole chunk
+    updates = (kc.transpose(-1, -2) @ vc) * carries  # Σ_j e^{b_end - b_j} φ(k_j) v1_jᵀ  [B, H, nc, F, E]
+    before = []  # the state entering each chunk
+    s = s0
+    for i in range(nc):
+        before.append(s)
+        s = s * carries[:, :, i] + updates[:, :, i]
+    out = out + qc @ torch.stack(before, 2).unsqueeze(2)
+    return out.reshape(b_, h, g, nc * c, e)[..., :n, :], s
 
 
 def fold(fk: torch.Tensor, v1: torch.Tensor, log_gate: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
@@ -112,8 +126,12 @@ def gated_linear(fq, fk, v, log_gate, *, causal: bool, key_mask=None, state: Lin
         prefix = m - n
         if prefix:  # keys before the queries: folded into the starting state
             start = fold(fk[:, :, :prefix], v1[:, :, :prefix], log_gate[:, :, :prefix], s0)
-        out, _ = gated_causal(fq, fk[:, :, prefix:], v1[:, :, prefix:], log_gate[:, :, prefix:], start, chunk_size)
-        folded = fold(fk[:, :, :m - keep], v1[:, :, :m - keep], log_gate[:, :, :m - keep], s0)
+        out, final = gated_causal(fq, fk[:, :, prefix:], v1[:, :, prefix:], log_gate[:, :, prefix:], start,
+                                  chunk_size)
+        if keep:
+            folded = fold(fk[:, :, :m - keep], v1[:, :, :m - keep], log_gate[:, :, :m - keep], s0)
+        else:  # the pass's own final state holds every key
+            folded = final
         new_state = LinearState(folded[..., :dv], folded[..., dv])
         return out[..., :dv], out[..., dv], new_state
     fq = _queries_at_key_positions(fq, m)

@@ -18,7 +18,7 @@ from torch import nn
 
 from .base import LayerShape, group_queries, ungroup_output
 from .feature_maps import HedgehogKernel, HedgehogOptions, LinearKernel, LinearOptions
-from .gated import GATED_CHUNK, MIN_LOG_GATE, cumulative, gated_hybrid, gated_linear
+from .gated import GATED_CHUNK, MAX_CHUNK_LOG_RANGE, MIN_LOG_GATE, cumulative, gated_hybrid, gated_linear
 from .linear import normalize
 
 
@@ -31,9 +31,10 @@ class GatedOptions(LinearOptions):
         if self.sinks:
             raise ValueError(f"sinks={self.sinks}: gated kernels take a window (window=W) but no sinks yet; set "
                              "sinks=0")
-        if self.chunk_size * -MIN_LOG_GATE > 80:
+        if self.chunk_size * -MIN_LOG_GATE > MAX_CHUNK_LOG_RANGE:
             raise ValueError(f"chunk_size={self.chunk_size}: gated kernels need chunk_size <= "
-                             f"{int(80 // -MIN_LOG_GATE)} (the in-chunk factors e^(b0 - b_j) stay finite in fp32)")
+                             f"{int(MAX_CHUNK_LOG_RANGE // -MIN_LOG_GATE)} (the in-chunk factors e^(b0 - b_j) stay "
+                             "finite in fp32)")
 
 
 def pair_norms(k: torch.Tensor) -> torch.Tensor:
