@@ -192,7 +192,8 @@ def _cmd_plot_kernels(args: argparse.Namespace) -> int:
 
     summary = plot_kernels(args.output_dir, model=args.model, gguf_file=args.gguf_file, layer=args.layer,
                            head=args.head, converted=args.converted, data_file=args.data_file,
-                           tokens=args.tokens, threads=args.threads, geometry_only=args.geometry_only)
+                           tokens=args.tokens, threads=args.threads, geometry_only=args.geometry_only,
+                           kernels=args.kernels)
     for line in summary["lines"]:
         print(line)
     return 0
@@ -331,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--tokens", type=int, default=48, help="tokens of text in the attention maps")
     pk.add_argument("--threads", type=int, default=1)
     pk.add_argument("--geometry-only", action="store_true", help="only the plots from the formulas")
+    pk.add_argument("--kernels", nargs="+", default=None,
+                    help="kernels to draw, any registered name (default: the built-in families)")
     pk.add_argument("--output-dir", required=True)
     pk.set_defaults(func=_cmd_plot_kernels)
     syn = sub.add_parser("synthetic", help="train a tiny Llama from scratch per kernel on MQAR / ListOps-style "

