@@ -315,12 +315,10 @@ def dijiang_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     return _linear_from_scores(kern, q, k, scaling, causal, scores, vd, vis, decay)
 
 
-def hedgehog_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
-    """φ_h(x) = [softmax(p), softmax(-p)], p = s^1/2 x W_h + b_h; separate maps for q (per query head)
-    and k (per KV head)."""
-    s = _scale(q, scaling)
-    hq, hkv = q.shape[1], k.shape[1]
-    wq, bq = kern.weight_q.to(f64), kern.bias_q.to(f64)  # not detached: gradient tests compare these too
+def _hedgehog_features(kern, q, k, s):
+    """φ_h(x) = [softmax(p), softmax(-p)], p = s^1/2 x W_h + b_h: per query head ``[B, Hq, N, F]`` and per KV head
+    ``[B, Hkv, M, F]``, with the kernel's weights not detached (gradient tests compare these too)."""
+    wq, bq = kern.weight_q.to(f64), kern.bias_q.to(f64)
     wk, bk = kern.weight_k.to(f64), kern.bias_k.to(f64)
 
     def sm(p):
@@ -332,8 +330,16 @@ def hedgehog_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
         return torch.cat([sm(p), sm(-p)], -1)
 
     qd, kd = q.to(f64), k.to(f64)
-    fq = torch.stack([phi(qd[:, h], wq[h], bq[h]) for h in range(hq)], 1)
-    fk_kv = torch.stack([phi(kd[:, h], wk[h], bk[h]) for h in range(hkv)], 1)
+    fq = torch.stack([phi(qd[:, h], wq[h], bq[h]) for h in range(q.shape[1])], 1)
+    fk = torch.stack([phi(kd[:, h], wk[h], bk[h]) for h in range(k.shape[1])], 1)
+    return fq, fk
+
+
+def hedgehog_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    """φ_h(x) = [softmax(p), softmax(-p)], p = s^1/2 x W_h + b_h; separate maps for q (per query head)
+    and k (per KV head)."""
+    hq = q.shape[1]
+    fq, fk_kv = _hedgehog_features(kern, q, k, _scale(q, scaling))
     fk = repeat_kv(fk_kv, hq)
     vd = repeat_kv(v.to(f64), hq)
     scores = torch.einsum("bhnf,bhmf->bhnm", fq, fk)
@@ -397,21 +403,8 @@ def gla_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     """Hedgehog's φ with a low-rank gate: α_t = σ(s^1/2 ρ_t W₁ W₂ + β)^(1/τ) per feature, log α clamped at -1.25."""
     s = _scale(q, scaling)
     hq, hkv = q.shape[1], k.shape[1]
-    wq, bq = kern.weight_q.to(f64), kern.bias_q.to(f64)
-    wk, bk = kern.weight_k.to(f64), kern.bias_k.to(f64)
-
-    def sm(p):
-        e = torch.exp(p - p.amax(-1, keepdim=True))
-        return e / e.sum(-1, keepdim=True)
-
-    def phi(x, w, b):
-        p = (x * math.sqrt(s)) @ w + b
-        return torch.cat([sm(p), sm(-p)], -1)
-
-    qd, kd = q.to(f64), k.to(f64)
-    fq = torch.stack([phi(qd[:, h], wq[h], bq[h]) for h in range(hq)], 1)
-    fk = torch.stack([phi(kd[:, h], wk[h], bk[h]) for h in range(hkv)], 1)
-    rho = _pair_norms_ref(kd) * math.sqrt(s)  # [B, Hkv, M, P]
+    fq, fk = _hedgehog_features(kern, q, k, s)
+    rho = _pair_norms_ref(k.to(f64)) * math.sqrt(s)  # [B, Hkv, M, P]
     down, up, beta = kern.gate_down.to(f64), kern.gate_up.to(f64), kern.gate_bias.to(f64)
     logits = torch.stack([rho[:, h] @ down[h] @ up[h] + beta[h] for h in range(hkv)], 1)
     alpha = _clamped_gate(torch.log(torch.sigmoid(logits)) / kern.options.gate_temperature)

@@ -112,9 +112,9 @@ def _reverse_gates(log_gate: torch.Tensor) -> torch.Tensor:
 
 
 def gated_linear(fq, fk, v, log_gate, *, causal: bool, key_mask=None, state: LinearState | None = None,
-                 keep: int = 0, chunk_size: int = GATED_CHUNK):
+                 chunk_size: int = GATED_CHUNK):
     """Gated linear attention without a window: numerator ``[B, H, G, N, Dv]`` and denominator ``[B, H, G, N]`` for
-    the last N of M keys, and (causal) the state after folding all but the last ``keep`` keys."""
+    the last N of M keys, and (causal) the state after every key."""
     fq, fk, v, log_gate = accum(fq), accum(fk), accum(v), accum(log_gate)
     if key_mask is not None:
         fk = fk * key_mask[:, None, :, None].to(fk.dtype)
@@ -122,17 +122,13 @@ def gated_linear(fq, fk, v, log_gate, *, causal: bool, key_mask=None, state: Lin
     m, n = fk.shape[-2], fq.shape[-2]
     dv = v.shape[-1]
     if causal:
-        s0 = start = _augmented(state)
+        start = _augmented(state)
         prefix = m - n
         if prefix:  # keys before the queries: folded into the starting state
-            start = fold(fk[:, :, :prefix], v1[:, :, :prefix], log_gate[:, :, :prefix], s0)
+            start = fold(fk[:, :, :prefix], v1[:, :, :prefix], log_gate[:, :, :prefix], start)
         out, final = gated_causal(fq, fk[:, :, prefix:], v1[:, :, prefix:], log_gate[:, :, prefix:], start,
                                   chunk_size)
-        if keep:
-            folded = fold(fk[:, :, :m - keep], v1[:, :, :m - keep], log_gate[:, :, :m - keep], s0)
-        else:  # the pass's own final state holds every key
-            folded = final
-        new_state = LinearState(folded[..., :dv], folded[..., dv])
+        new_state = LinearState(final[..., :dv], final[..., dv])
         return out[..., :dv], out[..., dv], new_state
     fq = _queries_at_key_positions(fq, m)
     fwd, _ = gated_causal(fq, fk, v1, log_gate, None, chunk_size)
