@@ -366,7 +366,9 @@ def _gated_scores(fq, fk, alpha, n, m):
         p = m - n + i
         for j in range(m):
             lo, hi = (j + 1, p + 1) if j <= p else (p + 1, j + 1)
-            w = torch.prod(alpha[:, :, lo:hi], dim=2) if hi > lo else torch.ones(bsz, hq, f, dtype=f64)
+            # an empty product is 1; α⁰ keeps the gates in the graph (zero gradient, as the kernel's), so a
+            # one-key case compares parameter gradients instead of finding none on this side
+            w = torch.prod(alpha[:, :, lo:hi], dim=2) if hi > lo else alpha[:, :, 0] ** 0
             scores[:, :, i, j] = (fq[:, :, i] * fk[:, :, j] * w).sum(-1)
     return scores
 
