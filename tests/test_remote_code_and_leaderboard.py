@@ -117,9 +117,7 @@ def test_leaderboard_renders_skips_and_resumes(tiny_llama, tiny_bert, tmp_path):
     proc.wait()
     partial = _results(out)
     assert partial and not (out / "leaderboard.md").exists()
-    start = time.perf_counter()
     first = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
-    first_seconds = time.perf_counter() - start
     assert first.returncode == 0, first.stderr[-2000:]
     records = _results(out)
     cells = [(r["model_name"], r["kernel_row"], r["task"], r["metric"]) for r in records]
@@ -147,7 +145,7 @@ def test_leaderboard_renders_skips_and_resumes(tiny_llama, tiny_bert, tmp_path):
     second = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
     assert second.returncode == 0
     assert _results(out) == records
-    assert float(second.stdout.strip().splitlines()[-1].strip("() s")) < 0.1 * first_seconds
+    assert not [ln for ln in second.stdout.splitlines() if ln.endswith((": done", "benchmark done")) or "failed" in ln]
 
 
 def test_leaderboard_config_errors(tmp_path):
