@@ -16,11 +16,13 @@ from typing import Any
 import yaml
 
 from ..kernels import KERNELS, import_modules, validate_params
+from .schedules import SCHEDULES
+from .sharding import SHARDINGS
 
 TASKS = ("causal_lm", "sequence_classification", "sentence_embedding")
 STAGES = ("transfer", "distill", "lora", "full")
 DISTILL_TRAIN = ("lora", "full")  # what the distill stage trains
-SCHEDULES = ("constant", "cosine", "linear")
+MIXED_PRECISION = ("no", "bf16", "fp16")
 BUDGET_CLOCKS = ("wall", "cpu")
 
 _STAGE = {"steps": 0, "lr": 1e-3, "max_minutes": None, "warmup_steps": 0, "schedule": "constant",
@@ -70,7 +72,18 @@ DEFAULTS: dict[str, Any] = {
     "threads": None,
     "budget_clock": "wall",      # max_minutes in wall-clock minutes, or cpu: process CPU time / torch threads
     "log_with": "auto",          # auto (tensorboard when installed) | none | tensorboard | wandb ...
+    "mixed_precision": "no",     # no | bf16 | fp16: accelerate's autocast around each training forward
+    "gradient_checkpointing": False,  # recompute each layer in backward (distill, lora, full)
+    "sharding": "none",          # none | fsdp: the full stage sharded with FSDP2 over the processes
 }
+# transformers.TrainingArguments names, read as the keys they stand for
+ALIASES = {"per_device_train_batch_size": "data.batch_size", "gradient_accumulation_steps": "data.grad_accum",
+           "save_steps": "save_every", "save_total_limit": "keep_checkpoints", "report_to": "log_with"}
+# TrainingArguments names of a stage's keys: under stages.<name>, that stage's key; at the top level, the key of
+# every stage that runs (steps > 0 once the file and the other overrides are read)
+STAGE_ALIASES = {"learning_rate": "lr", "max_steps": "steps", "lr_scheduler_type": "schedule",
+                 "warmup_steps": "warmup_steps", "weight_decay": "weight_decay", "max_grad_norm": "max_grad_norm"}
+PRECISION_FLAGS = ("bf16", "fp16")  # bf16: true is mixed_precision: bf16
 REQUIRED = ("model", "kernel", "output_dir")
 # keys whose value is free-form (a mapping of the user's own keys)
 OPEN_KEYS = {"kernel_params", "layers"}
@@ -148,7 +161,34 @@ def _unknown(key: str) -> ConfigError:
     return ConfigError(f"unknown config key {key!r}{hint}")
 
 
-def _merge(base: dict[str, Any], update: dict[str, Any], prefix: str = "") -> None:
+def _translate(update: dict[str, Any], prefix: str, every_stage: dict[str, Any]) -> dict[str, Any]:
+    """``update`` with TrainingArguments names replaced by the keys they stand for; top-level stage names are
+    collected in ``every_stage`` (applied to the running stages at the end)."""
+    out: dict[str, Any] = {}
+    for key, value in update.items():
+        if prefix == "" and key in ALIASES:
+            path = ALIASES[key].split(".")
+            target = out
+            for part in path[:-1]:
+                target = target.setdefault(part, {})
+            target[path[-1]] = value
+        elif prefix == "" and key in PRECISION_FLAGS:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{key} must be true or false, got {value!r}")
+            if value:
+                out["mixed_precision"] = key
+        elif prefix == "" and key in STAGE_ALIASES:
+            every_stage[STAGE_ALIASES[key]] = value
+        elif prefix.startswith("stages.") and prefix.count(".") == 2 and key in STAGE_ALIASES:
+            out[STAGE_ALIASES[key]] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any], prefix: str = "",
+           every_stage: dict[str, Any] | None = None) -> None:
+    update = _translate(update, prefix, every_stage if every_stage is not None else {})
     for key, value in update.items():
         full = f"{prefix}{key}"
         if key not in base:
@@ -158,7 +198,7 @@ def _merge(base: dict[str, Any], update: dict[str, Any], prefix: str = "") -> No
         elif isinstance(base[key], dict) and key not in OPEN_KEYS:
             if not isinstance(value, dict):
                 raise ConfigError(f"config key {full!r} is a section; give a mapping, got {value!r}")
-            _merge(base[key], value, f"{full}.")
+            _merge(base[key], value, f"{full}.", every_stage)
         else:
             base[key] = value
 
@@ -189,15 +229,20 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     """Defaults <- YAML file <- ``--set`` overrides, validated. Relative local paths in the file are
     resolved against the current directory (where the command runs)."""
     config = copy.deepcopy(DEFAULTS)
+    every_stage: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
         data = read_yaml_file(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a YAML mapping, got {type(data).__name__}")
-        _merge(config, data)
+        _merge(config, data, every_stage=every_stage)
     for item in overrides or []:
         keys, value = parse_override(item)
-        _merge(config, _nest(keys, value))
+        _merge(config, _nest(keys, value), every_stage=every_stage)
+    running = [s for s in STAGES if _is_int(config["stages"][s]["steps"], 1)]
+    for key, value in every_stage.items():
+        for name in running:
+            config["stages"][name][key] = value
     if isinstance(config["model"], str) and config["model"].startswith("pkg:"):
         config["model"] = resolve_package_path(config["model"])
     imports = config["imports"]
@@ -307,6 +352,14 @@ def validate(config: dict[str, Any]) -> None:
         _check(data["glue_task"] in GLUE_TASKS,
                f"task sequence_classification needs data.glue_task, one of {sorted(GLUE_TASKS)}; "
                f"got {data['glue_task']!r}")
+    _check(config["mixed_precision"] in MIXED_PRECISION,
+           f"mixed_precision must be one of {list(MIXED_PRECISION)}, got {config['mixed_precision']!r}")
+    _check(isinstance(config["gradient_checkpointing"], bool),
+           f"gradient_checkpointing must be true or false, got {config['gradient_checkpointing']!r}")
+    _check(config["sharding"] in SHARDINGS, f"sharding must be one of {list(SHARDINGS)}, got {config['sharding']!r}")
+    _check(config["sharding"] == "none" or config["stages"]["full"]["steps"] > 0,
+           "sharding: fsdp shards the full stage (full fine-tuning); set stages.full.steps, or sharding: none "
+           "(transfer and LoRA train few weights: every process keeps a replica)")
     _check(config["budget_clock"] in BUDGET_CLOCKS,
            f"budget_clock must be one of {list(BUDGET_CLOCKS)}, got {config['budget_clock']!r}")
     _check(_is_int(config["seed"]), f"seed must be an integer >= 0, got {config['seed']!r}")

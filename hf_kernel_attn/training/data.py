@@ -168,3 +168,33 @@ class BatchPlan:
         """This rank's sample indices of the global micro-batch starting at sample ``position``."""
         start = position + self.rank * self.batch_size
         return [int(self._order(p // self.n)[p % self.n]) for p in range(start, start + self.batch_size)]
+
+
+class PlanBatches(torch.utils.data.Sampler):
+    """The global micro-batches of a :class:`BatchPlan` (every rank's samples) from sample ``start`` on,
+    without end: the batch sampler of the training ``DataLoader``. ``accelerator.prepare`` with
+    ``split_batches=True`` gives rank r the r-th contiguous slice of each, the slice ``BatchPlan(world, rank)``
+    names, so P processes read what one process reads and a resumed run restarts at its checkpoint's sample."""
+
+    def __init__(self, plan: BatchPlan, start: int) -> None:
+        self.plan = BatchPlan(plan.n, plan.seed, plan.global_batch)
+        self.batch_size, self.start = plan.global_batch, start
+
+    def __iter__(self):
+        position = self.start
+        while True:
+            yield self.plan.indices(position)
+            position += self.batch_size
+
+
+class SampleIndex(torch.utils.data.Dataset):
+    """Item i is i: the collate function turns a batch's indices into model inputs."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i

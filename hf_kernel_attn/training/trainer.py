@@ -16,9 +16,12 @@ Task losses: next-token cross-entropy (``causal_lm``), the classification / regr
 (``sequence_classification``), and cosine distillation of the original model's mean-pooled
 embeddings, computed once with the softmax teacher (``sentence_embedding``).
 
-Under ``accelerate launch`` each process reads its slice of every global micro-batch and the
-trainable gradients are averaged across processes before each optimizer step, so P processes with
-batch_size b/P follow the same trajectory as one process with batch_size b.
+The engine is accelerate: each stage's model, optimizer, schedule (``transformers.get_scheduler``) and data
+loader go through ``accelerator.prepare``; steps use ``accelerator.accumulate``, ``backward`` and
+``clip_grad_norm_``, under ``mixed_precision``. Under ``accelerate launch`` / ``torchrun`` each process reads its
+slice of every global micro-batch (``split_batches``) and DDP averages the gradients, so P processes with
+batch_size b/P follow the same trajectory as one process with batch_size b. ``sharding: fsdp`` shards the
+``full`` stage with FSDP2 (:mod:`.sharding`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ..evaluation.runner import mean_pool
 from ..evaluation.tasks import glue_metrics
@@ -51,11 +53,13 @@ from ..integration.layer_choice import (
 from ..integration.patching import attention_modules, num_attention_layers, patch
 from ..integration.transfer import attention_transfer, softmax_teacher
 from . import checkpoint as ckpt
+from . import sharding
 from .config import STAGES, dump_config
-from .data import BatchPlan, check_training_data, glue_examples, sentences, text_blocks
+from .data import BatchPlan, PlanBatches, SampleIndex, check_training_data, glue_examples, sentences, text_blocks
 from .losses import distillation_loss
 from .model_card import write_card
 from .recall_data import recall_block_spans, recall_span_targets
+from .schedules import make_scheduler
 
 LOG_FILE = "training_log.jsonl"
 VALIDATION_FILE = "validation.jsonl"
@@ -75,66 +79,40 @@ _LORA_TARGETS = {  # attention projections per architecture family (LoLCATs: q, 
 }
 
 
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
-
-
-def _all_mean(x: torch.Tensor) -> torch.Tensor:
-    world, _ = _world()
-    if world > 1:
-        x = x.clone()
-        dist.all_reduce(x)
-        x /= world
-    return x
-
-
-def _all_sum_int(n: int) -> int:
-    world, _ = _world()
-    if world == 1:
-        return n
-    t = torch.tensor([n], dtype=torch.long)
-    dist.all_reduce(t)
-    return int(t.item())
-
-
-def _barrier() -> None:
-    if _world()[0] > 1:
-        dist.barrier()
-
-
-def _lr_lambda(stage: dict[str, Any]):
-    steps, warmup, kind = stage["steps"], stage["warmup_steps"], stage["schedule"]
-
-    def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if kind == "constant" or steps <= warmup:
-            return 1.0
-        t = min(1.0, (step - warmup) / max(1, steps - warmup))
-        return 0.1 + 0.9 * (0.5 * (1 + math.cos(math.pi * t)) if kind == "cosine" else 1 - t)
-
-    return factor
-
-
 class Trainer:
     """One conversion run (see the module docstring); :meth:`run` returns ``output_dir/final``."""
 
     def __init__(self, config: dict[str, Any], resume: bool = False) -> None:
-        from accelerate import Accelerator
+        from accelerate import Accelerator, DataLoaderConfiguration, DistributedType
 
         self.config = config
         self.out = Path(config["output_dir"])
         self.resume = resume
         if config["threads"]:
             torch.set_num_threads(int(config["threads"]))
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), log_with=self._trackers(),
-                                       project_dir=str(self.out))
+        self.accelerator = Accelerator(
+            cpu=not torch.cuda.is_available(), log_with=self._trackers(), project_dir=str(self.out),
+            mixed_precision=config["mixed_precision"], gradient_accumulation_steps=config["data"]["grad_accum"],
+            dataloader_config=DataLoaderConfiguration(split_batches=True))
         self.device = self.accelerator.device
-        self.world, self.rank = _world()
-        self.main = self.rank == 0
+        self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
+        self.main = self.accelerator.is_main_process
         self.task = config["task"]
+        self.accelerate_fsdp = self.accelerator.distributed_type == DistributedType.FSDP
+        self.sharded = False  # true while the full stage runs sharded (FSDP2)
+        self.net: torch.nn.Module | None = None  # the model a training step runs: the prepared (wrapped) model
+
+    def _wait(self) -> None:
+        self.accelerator.wait_for_everyone()
+
+    def _reduce(self, value: float, how: str) -> float:
+        """``value`` combined over the processes (``mean``, ``sum``, or ``max``) through accelerate."""
+        if self.world == 1:
+            return value
+        t = torch.tensor([float(value)], device=self.device)
+        if how == "max":
+            return float(self.accelerator.gather(t).max().item())
+        return float(self.accelerator.reduce(t, reduction=how).item())
 
     # ---------------------------------------------------------------- setup
     def _trackers(self) -> list[str] | None:
@@ -172,7 +150,7 @@ class Trainer:
             convert_gguf(cfg["model"], cfg["gguf_file"], tmp,
                          model_class=cfg["model_class"] or _AUTO_CLASS[self.task])
             os.replace(tmp, target)
-        _barrier()
+        self._wait()
         return str(target)
 
     def _load(self) -> None:
@@ -250,8 +228,16 @@ class Trainer:
         return enc, int(enc["attention_mask"].sum())
 
     # ---------------------------------------------------------------- objectives
+    def _student(self) -> torch.nn.Module:
+        """The model a training step runs: during a stage the prepared one (DDP-wrapped, autocast), else the model."""
+        return self.net if self.net is not None else self.model
+
+    def _collate(self, idx: list[int]) -> dict[str, Any]:
+        batch, n_tokens = self._batch(self.train.items, idx)
+        return {**batch, "num_tokens": n_tokens}
+
     def _inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in batch.items() if k not in ("teacher_index", "labels")}
+        return {k: v for k, v in batch.items() if k not in ("teacher_index", "labels", "num_tokens")}
 
     def _transfer_loss(self, batch: dict[str, Any]) -> torch.Tensor:
         kwargs = self._inputs(batch)
@@ -260,7 +246,7 @@ class Trainer:
         if "use_cache" in self._forward_kwargs:
             kwargs["use_cache"] = False
         with attention_transfer(self.config["stages"]["transfer"]["loss"]) as rec:
-            self.model(**kwargs)
+            self._student()(**kwargs)
             loss = rec.total()
             self._last_layer_mse = rec.mean()
         return loss
@@ -296,7 +282,7 @@ class Trainer:
     def _distill_loss(self, batch: dict[str, Any]) -> torch.Tensor:
         stage = self.config["stages"]["distill"]
         teacher = self.teacher_logits(batch)
-        out = self.model(**self._inputs(batch), labels=batch["input_ids"] if stage["ce_weight"] else None,
+        out = self._student()(**self._inputs(batch), labels=batch["input_ids"] if stage["ce_weight"] else None,
                          use_cache=False)
         loss = distillation_loss(out.logits, teacher, temperature=stage["temperature"])
         if stage["ce_weight"]:
@@ -308,10 +294,10 @@ class Trainer:
 
     def _task_loss(self, batch: dict[str, Any]) -> torch.Tensor:
         if self.task == "causal_lm":
-            return self.model(**batch, labels=batch["input_ids"], use_cache=False).loss
+            return self._student()(**self._inputs(batch), labels=batch["input_ids"], use_cache=False).loss
         if self.task == "sequence_classification":
-            return self.model(**self._inputs(batch), labels=batch["labels"]).loss
-        emb = mean_pool(self.model(**self._inputs(batch)).last_hidden_state, batch["attention_mask"])
+            return self._student()(**self._inputs(batch), labels=batch["labels"]).loss
+        emb = mean_pool(self._student()(**self._inputs(batch)).last_hidden_state, batch["attention_mask"])
         target = self.teacher[batch["teacher_index"]].to(emb.device)
         return (1 - torch.nn.functional.cosine_similarity(emb.float(), target, dim=-1)).mean()
 
@@ -373,7 +359,7 @@ class Trainer:
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(record, indent=2) + "\n")
                 os.replace(tmp, path)
-            _barrier()
+            self._wait()
         apply_choice(self.model, cfg["kernel"], cfg["kernel_params"], record["softmax_layers"], record)
         self._auto_applied = True
         if self.main:
@@ -424,7 +410,7 @@ class Trainer:
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(record, indent=2) + "\n")
                 os.replace(tmp, path)
-            _barrier()
+            self._wait()
         apply_head_choice(self._base_model(), record)
         # the chosen layers' kernels were rebuilt (with their trained parameters): new parameter objects
         self.kernel_params = {id(p) for n, p in self.model.named_parameters()
@@ -498,16 +484,22 @@ class Trainer:
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def _checkpoint_tensors(self, optimizer, scheduler) -> dict[str, Any]:
-        return {"model.pt": self.model.state_dict(), "optimizer.pt": optimizer.state_dict(),
-                "scheduler.pt": scheduler.state_dict(), "rng.pt": ckpt.rng_state()}
+        """What a checkpoint holds; sharded, the full tensors gathered to process 0 (every process calls this)."""
+        if self.sharded:
+            model_state = sharding.full_model_state(self.model)
+            optimizer_state = sharding.full_optimizer_state(self.model, optimizer.optimizer)
+        else:
+            model_state, optimizer_state = self.model.state_dict(), optimizer.optimizer.state_dict()
+        return {"model.pt": model_state, "optimizer.pt": optimizer_state,
+                "scheduler.pt": scheduler.scheduler.state_dict(), "rng.pt": ckpt.rng_state()}
 
     def _save(self, state: dict[str, Any], optimizer, scheduler) -> None:
+        tensors = self._checkpoint_tensors(optimizer, scheduler) if self.sharded or self.main else None
         if self.main:
-            ckpt.save_checkpoint(self.out, state["global_step"], self._checkpoint_tensors(optimizer, scheduler),
-                                 state)
+            ckpt.save_checkpoint(self.out, state["global_step"], tensors, state)
             ckpt.crash_point(f"prune-{state['global_step']}")
             ckpt.prune(self.out, self.config["keep_checkpoints"])
-        _barrier()
+        self._wait()
 
     def _log(self, record: dict[str, Any], file: str = LOG_FILE) -> None:
         if self.main:
@@ -590,7 +582,7 @@ class Trainer:
         if self.main:
             self._check_output_dir()
             ckpt.remove_partial(self.out)
-        _barrier()
+        self._wait()
         check_training_data(cfg)  # bad data files fail before the model loads
         self._load()
         self._load_data()
@@ -648,13 +640,54 @@ class Trainer:
                 print(f"stage {stage}: {cfg['kernel']!r} has no trainable parameters here; skipped", flush=True)
             state.update(stage_done=True)
             return
+        acc = self.accelerator
         self.model.train(stage != "transfer")  # transfer: the teacher and student see no dropout
+        checkpointing = cfg["gradient_checkpointing"] and stage != "transfer"  # transfer runs in eval mode
+        if checkpointing:
+            self._base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.sharded = stage == "full" and self.world > 1 and (cfg["sharding"] == "fsdp" or self.accelerate_fsdp)
+        if self.sharded and not self.accelerate_fsdp:
+            sharding.shard(self.model)
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            local, total = sharding.local_parameter_count(self.model)
+            print(f"sharding: fsdp: process {self.rank} holds {local} of the model's {total} parameter elements "
+                  f"({local / total:.3f})", flush=True)
         optimizer = torch.optim.AdamW(params, lr=stage_cfg["lr"], weight_decay=stage_cfg["weight_decay"])
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(stage_cfg))
+        scheduler = make_scheduler(optimizer, stage_cfg)
         if resume_from is not None:
-            optimizer.load_state_dict(ckpt.load_file(resume_from, "optimizer.pt"))
+            if not self.sharded:
+                optimizer.load_state_dict(ckpt.load_file(resume_from, "optimizer.pt"))
             scheduler.load_state_dict(ckpt.load_file(resume_from, "scheduler.pt"))
+        loader = torch.utils.data.DataLoader(SampleIndex(len(self.train)), collate_fn=self._collate,
+                                             batch_sampler=PlanBatches(self.plan, state["position"]))
+        if self.sharded and not self.accelerate_fsdp:
+            net = self.model
+            optimizer, scheduler, loader = acc.prepare(optimizer, scheduler, loader)
+        else:
+            net, optimizer, scheduler, loader = acc.prepare(self.model, optimizer, scheduler, loader)
+        if resume_from is not None:
+            if self.sharded:
+                saved = ckpt.load_file(resume_from, "optimizer.pt")
+                sharding.load_full_optimizer_state(net, optimizer.optimizer, saved)
             ckpt.set_rng_state(ckpt.load_file(resume_from, "rng.pt"))
+        self.net = net
+        try:
+            self._steps(stage, state, net, params, optimizer, scheduler, iter(loader))
+        finally:
+            self.net = None
+            if not (self.sharded and not self.accelerate_fsdp):
+                self.model = acc.unwrap_model(net, keep_fp32_wrapper=False)
+            acc.free_memory()
+            if checkpointing:
+                self._base_model().gradient_checkpointing_disable()
+        if cfg["validate"]:
+            self._log_validation(state, stage)
+
+    def _steps(self, stage: str, state: dict[str, Any], net, params, optimizer, scheduler, batches) -> None:
+        """Optimizer steps of ``stage`` until its steps or its budget run out, saving checkpoints on the way."""
+        cfg = self.config
+        stage_cfg = cfg["stages"][stage]
+        acc = self.accelerator
         accum, budget = cfg["data"]["grad_accum"], stage_cfg["max_minutes"]
         clip = stage_cfg["max_grad_norm"]
         clock = _budget_clock(cfg["budget_clock"])
@@ -669,29 +702,23 @@ class Trainer:
             if delay:
                 time.sleep(delay)
             step_start = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum, tokens = 0.0, 0
+            loss_sum, tokens, lr = 0.0, 0, scheduler.get_last_lr()[0]
             for _ in range(accum):
-                batch, n_tok = self._batch(self.train.items, self.plan.indices(state["position"]))
+                batch = next(batches)
                 state["position"] += self.plan.global_batch
-                loss = self._stage_loss(stage, batch)
-                (loss / accum).backward()
-                loss_sum += loss.item() / accum
-                tokens += n_tok
-            if self.world > 1:
-                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-                flat = _all_mean(torch.cat([g.reshape(-1) for g in grads]))
-                offset = 0
-                for p, g in zip(params, grads, strict=True):
-                    p.grad = flat[offset:offset + g.numel()].view_as(p).clone()
-                    offset += g.numel()
-            if clip:
-                torch.nn.utils.clip_grad_norm_(params, clip)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            loss_value = float(_all_mean(torch.tensor([loss_sum])).item())
-            tokens = _all_sum_int(tokens)
+                tokens += batch.pop("num_tokens")
+                with acc.accumulate(net):
+                    loss = self._stage_loss(stage, batch)
+                    acc.backward(loss)
+                    loss_sum += loss.item() / accum
+                    if acc.sync_gradients:
+                        if clip:
+                            acc.clip_grad_norm_(params, clip)
+                        optimizer.step()
+                        scheduler.step()
+                        optimizer.zero_grad(set_to_none=True)
+            loss_value = self._reduce(loss_sum, "mean")
+            tokens = int(self._reduce(tokens, "sum"))
             state["global_step"] += 1
             state["stage_step"] += 1
             state["tokens"] += tokens
@@ -705,13 +732,13 @@ class Trainer:
                       "seconds": round(state["seconds"], 3), "cpu_seconds": round(state["cpu_seconds"], 3),
                       "tokens_per_second": round(tokens / step_seconds, 1)}
             self._log(record)
-            self.accelerator.log({f"{stage}/loss": loss_value, f"{stage}/lr": lr}, step=state["global_step"])
+            acc.log({f"{stage}/loss": loss_value, f"{stage}/lr": lr}, step=state["global_step"])
             if bar is not None:
                 bar.set_postfix(loss=f"{loss_value:.4g}", tok_s=f"{tokens / step_seconds:.0f}")
                 bar.update(1)
             over = budget is not None and state["stage_seconds"] >= 60 * budget
             if over and state["stage_step"] < stage_cfg["steps"]:
-                over = bool(_all_mean(torch.tensor([float(over)])).item() > 0)
+                over = self._reduce(float(over), "max") > 0
             last = state["stage_step"] >= stage_cfg["steps"] or over
             if last:
                 state["stage_done"] = True
@@ -724,17 +751,15 @@ class Trainer:
                 break
         if bar is not None:
             bar.close()
-        if cfg["validate"]:
-            self._log_validation(state, stage)
 
     def _log_validation(self, state: dict[str, Any], stage: str) -> None:
+        scores = self.validate() if self.main or self.sharded else {}  # a sharded forward needs every process
         if self.main:
-            scores = self.validate()
             record = {"stage": stage, "step": state["global_step"], "tokens": state["tokens"],
                       "seconds": round(time.perf_counter() - self.t0, 3), **scores}
             self._log(record, VALIDATION_FILE)
             print(f"validation after {stage}: {scores}", flush=True)
-        _barrier()
+        self._wait()
 
     def _final_scores(self) -> dict[str, float]:
         """The last held-out scores the run logged (validation.jsonl), for the model card."""
@@ -747,6 +772,7 @@ class Trainer:
 
     def _save_final(self, state: dict[str, Any]) -> Path:
         final = self.out / "final"
+        full_state = sharding.full_model_state(self.model) if self.sharded else None
         if self.main:
             model = self.model
             if self._is_peft() and self.config["merge_lora"]:
@@ -754,7 +780,7 @@ class Trainer:
             tmp = self.out / ".tmp-final"
             shutil.rmtree(tmp, ignore_errors=True)
             try:
-                model.save_pretrained(tmp)
+                model.save_pretrained(tmp, state_dict=full_state)
                 self.tokenizer.save_pretrained(tmp)
                 if self.task == "sentence_embedding":
                     _copy_sentence_transformers_files(Path(self.source), tmp)
@@ -768,7 +794,7 @@ class Trainer:
                 shutil.rmtree(final)
             os.replace(tmp, final)
             print(f"saved the converted model to {final}", flush=True)
-        _barrier()
+        self._wait()
         return final
 
 
