@@ -97,6 +97,13 @@ def test_config_defaults_and_overrides(tmp_path):
         ("stages.transfer.max_minutes=-1", "max_minutes must be > 0"),
         ("stages.transfer.loss=kl", "stages.transfer.loss must be one of"),
         ("budget_clock=gpu", "budget_clock must be one of"),
+        ("mixed_precision=fp8", "mixed_precision must be one of \\['no', 'bf16', 'fp16'\\]"),
+        ("bf16=2", "bf16 must be true or false"),
+        ("sharding=zero3", "sharding must be one of \\['none', 'fsdp'\\]"),
+        ("sharding=fsdp", "sharding: fsdp shards the full stage"),
+        ("gradient_checkpointing=1", "gradient_checkpointing must be true or false"),
+        ("config_overrides=3", "config_overrides must be a mapping"),
+        ("lr_scheduler_type=cosine_restarts", "schedule must be one of"),
         ("stages=3", "is a section"),
         ("novalue", "--set expects KEY=VALUE"),
     ],
@@ -105,6 +112,44 @@ def test_config_errors(tmp_path, override, message):
     path = write_config(tmp_path / "c.yaml", lm_config("m", tmp_path / "o"))
     with pytest.raises(ConfigError, match=message):
         load_config(path, [override])
+
+
+def test_training_arguments_names(tmp_path):
+    """transformers.TrainingArguments names set the keys they stand for; a top-level stage name sets every stage
+    that runs, a stage-level one that stage; the resolved config (what is saved) holds only the real keys."""
+    path = write_config(tmp_path / "c.yaml", lm_config("m", tmp_path / "o", **{"stages.lora.lr_scheduler_type":
+                                                                                "cosine"}))
+    cfg = load_config(path, ["learning_rate=3e-4", "max_steps=5", "warmup_steps=1", "per_device_train_batch_size=2",
+                             "gradient_accumulation_steps=3", "bf16=true", "save_steps=7", "save_total_limit=4",
+                             "report_to=none", "stages.transfer.learning_rate=0.02"])
+    stages = cfg["stages"]
+    assert [stages[s]["steps"] for s in ("transfer", "distill", "lora", "full")] == [5, 0, 5, 0]
+    assert stages["transfer"]["lr"] == 3e-4 and stages["lora"]["lr"] == 3e-4  # top level: every running stage
+    assert stages["full"]["lr"] == 2e-5 and stages["full"]["warmup_steps"] == 0  # a stage that does not run
+    assert stages["lora"]["schedule"] == "cosine" and stages["transfer"]["warmup_steps"] == 1
+    assert (cfg["data"]["batch_size"], cfg["data"]["grad_accum"], cfg["mixed_precision"]) == (2, 3, "bf16")
+    assert (cfg["save_every"], cfg["keep_checkpoints"], cfg["log_with"]) == (7, 4, "none")
+    assert not {"learning_rate", "max_steps", "bf16", "per_device_train_batch_size"} & set(cfg)
+
+
+def test_gradient_checkpointing_and_bf16_runs(tiny_llama, tmp_path):
+    """gradient_checkpointing recomputes the same forward: the same losses as without, step by step; bf16 autocast
+    trains every stage (transfer, distill, LoRA) to losses within a few percent of fp32, and saves fp32 weights."""
+    common = {"stages.distill.steps": 3, "stages.distill.lr": 1e-3, "stages.lora.steps": 3, "stages.transfer.steps": 3}
+    logs = {}
+    for name, extra in {"plain": {}, "ckpt": {"gradient_checkpointing": True},
+                        "bf16": {"mixed_precision": "bf16"}}.items():
+        cfg = lm_config(tiny_llama, tmp_path / name, **common, **extra)
+        run_cli(["finetune", str(write_config(tmp_path / f"{name}.yaml", cfg))])
+        logs[name] = [r["loss"] for r in read_log(tmp_path / name)]
+    assert len(logs["plain"]) == 9
+    assert logs["ckpt"] == pytest.approx(logs["plain"], abs=1e-5)
+    assert logs["bf16"] == pytest.approx(logs["plain"], rel=0.05)
+    assert logs["bf16"] != logs["plain"]  # autocast did run
+    from safetensors.torch import load_file
+
+    weights = load_file(tmp_path / "bf16" / "final" / "model.safetensors")
+    assert {t.dtype for t in weights.values()} == {torch.float32}
 
 
 def test_config_errors_files_and_required(tmp_path):
@@ -354,7 +399,53 @@ def test_two_processes_equal_one(tiny_llama, tmp_path):
     assert len(a) == len(b) == 20
     assert b[-1]["tokens"] == a[-1]["tokens"]
     for x, y in zip(a, b, strict=True):
-        assert x["loss"] == pytest.approx(y["loss"], abs=1e-3)
+        assert x["loss"] == pytest.approx(y["loss"], abs=1e-4)
+
+
+def _torchrun(args: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_port", str(_free_port()), "-m", "hf_kernel_attn.cli", *args],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_fsdp_full_fine_tune_of_minilm_equals_one_process(minilm_dir, tmp_path):
+    """torchrun, 2 processes, sharding: fsdp (torch's fully_shard over gloo): each process holds half of
+    MiniLM's parameters, every step's loss equals the 1-process run's within 1e-4 (dropout off: its masks
+    are drawn per process), and a run killed after its step-3 checkpoint resumes to the same steps and weights."""
+    from safetensors.torch import load_file
+
+    cfg = {"model": str(minilm_dir), "task": "sentence_embedding", "kernel": "gaussian",
+           "config_overrides": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+           "data": {"train": [str(STSB)], "glue_task": "stsb", "seq_len": 48, "batch_size": 8,
+                    "validation_batches": 1},
+           "stages": {"full": {"steps": 6, "lr": 5e-5, "warmup_steps": 2, "schedule": "cosine", "max_grad_norm": 1.0}},
+           "save_every": 3, "output_dir": str(tmp_path / "one"), "log_with": "none", "validate": False}
+    run_cli(["finetune", str(write_config(tmp_path / "one.yaml", cfg))])
+    cfg.update(output_dir=str(tmp_path / "two"), sharding="fsdp")
+    cfg["data"]["batch_size"] = 4
+    path = str(write_config(tmp_path / "two.yaml", cfg))
+    killed = _torchrun(["finetune", path], {"HF_KERNEL_ATTN_CRASH_AT": "step-5"})
+    assert killed.returncode != 0 and (tmp_path / "two" / "checkpoint-3").is_dir(), killed.stderr[-3000:]
+    held = [ln for ln in killed.stdout.splitlines() if ln.startswith("sharding: fsdp: process")]
+    assert len(held) == 2
+    for line in held:
+        local, total = [int(w) for w in line.split() if w.isdigit()][-2:]
+        assert abs(local / total - 0.5) < 0.01
+    resumed = _torchrun(["finetune", path, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = read_log(tmp_path / "one"), read_log(tmp_path / "two")
+    assert [r["step"] for r in b] == [r["step"] for r in a] == [1, 2, 3, 4, 5, 6]
+    for x, y in zip(a, b, strict=True):
+        assert x["loss"] == pytest.approx(y["loss"], abs=1e-4)
+        assert x["tokens"] == y["tokens"]
+    w1, w2 = load_file(tmp_path / "one" / "final" / "model.safetensors"), \
+        load_file(tmp_path / "two" / "final" / "model.safetensors")
+    assert w1.keys() == w2.keys()
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4)
+    saved = json.loads((tmp_path / "two" / "final" / "config.json").read_text())
+    assert saved["architectures"] == ["BertModel"] and saved["kernel_attention"]["kernel"] == "gaussian"
 
 
 # ------------------------------------------------------------------------------------ encoder tasks

@@ -32,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "gguf_file": None,           # convert a GGUF checkpoint on the fly
     "base_model_id": None,       # the Hub id the model card names as base_model (default: model, if a Hub id)
     "model_class": None,         # e.g. "AutoModelForSequenceClassification"; None = from task
+    "config_overrides": {},      # model config attributes set on load, e.g. {hidden_dropout_prob: 0.0}
     "task": "causal_lm",
     "kernel": None,
     "kernel_params": {},
@@ -86,7 +87,7 @@ STAGE_ALIASES = {"learning_rate": "lr", "max_steps": "steps", "lr_scheduler_type
 PRECISION_FLAGS = ("bf16", "fp16")  # bf16: true is mixed_precision: bf16
 REQUIRED = ("model", "kernel", "output_dir")
 # keys whose value is free-form (a mapping of the user's own keys)
-OPEN_KEYS = {"kernel_params", "layers"}
+OPEN_KEYS = {"kernel_params", "layers", "config_overrides"}
 
 
 class ConfigError(ValueError):
@@ -289,6 +290,8 @@ def validate(config: dict[str, Any]) -> None:
 
     _check(isinstance(config["kernel"], str) and config["kernel"] in KERNELS,
            f"unknown kernel {config['kernel']!r}; available: {sorted(KERNELS)}")
+    _check(isinstance(config["config_overrides"], dict),
+           f"config_overrides must be a mapping of model config attributes, got {config['config_overrides']!r}")
     _check(isinstance(config["kernel_params"], dict),
            f"kernel_params must be a mapping of kernel options, got {config['kernel_params']!r}")
     layers = config["layers"]

@@ -73,4 +73,5 @@ def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Opt
     """Give each process its shard of a full optimizer state written by :func:`full_optimizer_state`."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, state, options=_options())
+    # strict=False: a parameter that never had a gradient (an unused pooler) has no state, as unsharded
+    set_optimizer_state_dict(model, optimizer, state, options=_options(strict=False))

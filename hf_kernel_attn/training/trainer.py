@@ -164,7 +164,13 @@ class Trainer:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         cls = getattr(transformers, cfg["model_class"] or _AUTO_CLASS[self.task])
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = dict(cfg["config_overrides"])
+        if kwargs:
+            model_config = transformers.AutoConfig.from_pretrained(source)
+            unknown = sorted(k for k in kwargs if not hasattr(model_config, k))
+            if unknown:
+                raise ValueError(f"config_overrides: {unknown} are not attributes of the {model_config.model_type} "
+                                 f"config; it has {sorted(model_config.to_dict())}")
         if self.task == "sequence_classification":
             from ..data import GLUE_TASKS
 
