@@ -178,7 +178,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def _cmd_leaderboard(args: argparse.Namespace) -> int:
-    from hf_kernel_attn.evaluation.leaderboard import leaderboard
+    from hf_kernel_attn.leaderboard.sweep import leaderboard
 
     table = leaderboard(args.config, data_dir=args.data_dir, output_dir=args.output_dir,
                         retry_errors=args.retry_errors)

@@ -3,8 +3,8 @@ mid-checkpoint, between the renames), a leaderboard sweep killed while it adds a
 disk that fills up while a checkpoint or the final model is written.
 
 Kills are real SIGKILLs of a forked copy of the test process (the package is already imported there, so a
-run costs its training steps, not the imports); ``HF_KERNEL_ATTN_CRASH_AT`` names the point at which the copy
-kills itself (``hf_kernel_attn.training.checkpoint.crash_point``)."""
+run costs its training steps, not the imports); a listener on the run's named points
+(``hf_kernel_attn.training.events``, ``tests/fault_injection.kill_at``) kills the copy at the chosen one."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ import torch
 import yaml
 
 from hf_kernel_attn.training import checkpoint as ckpt
-from hf_kernel_attn.training import load_config
+from hf_kernel_attn.training import events, load_config
+
+from .fault_injection import kill_at
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SHAKESPEARE = DATA / "tinyshakespeare" / "train.txt"
@@ -45,7 +47,7 @@ def train_config(model: Path, out: Path, tmp_path: Path) -> dict:
 
 
 def run_forked(fn, crash: str | None = None, timeout: float = 180.0) -> int:
-    """Run ``fn()`` in a forked child with ``HF_KERNEL_ATTN_CRASH_AT=crash``; returns the child's wait status
+    """Run ``fn()`` in a forked child that kills itself at point ``crash``; returns the child's wait status
     as a negative signal number (killed) or its exit code."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -54,7 +56,7 @@ def run_forked(fn, crash: str | None = None, timeout: float = 180.0) -> int:
         code = 0
         try:
             if crash:
-                os.environ[ckpt.CRASH_ENV] = crash
+                events.listen(kill_at(crash))
             torch.set_num_threads(1)
             fn()
         except BaseException:
@@ -169,12 +171,15 @@ def test_sigkill_at_seeded_random_points_then_resume(reference, tmp_path, seed):
 
 
 def test_every_crash_site_is_reached(reference, tmp_path, monkeypatch):
-    """The sites the random test draws from exist: a run records every crash_point it passes."""
+    """The sites the random test draws from exist: a run passes every one of them."""
     model, _ = reference
     seen: list[str] = []
-    monkeypatch.setattr(ckpt, "crash_point", seen.append)
-    finetune(train_config(model, tmp_path / "o", tmp_path))
-    expected = [s for group in crash_sites().values() for s in group if not s.startswith("log-")]
+    stop = events.listen(lambda name, **info: seen.append(name))
+    try:
+        finetune(train_config(model, tmp_path / "o", tmp_path))
+    finally:
+        stop()
+    expected = [s for group in crash_sites().values() for s in group]
     assert sorted(set(expected) - set(seen)) == []
 
 
@@ -278,7 +283,7 @@ def test_cli_reports_a_full_disk_without_a_traceback(tmp_path, monkeypatch, caps
 def test_leaderboard_killed_while_adding_a_cell(tiny_llama, tmp_path):
     """A kill with the new results file half written (second cell) leaves results.jsonl as it was (one whole
     cell); the rerun keeps that cell byte for byte, computes the rest once, and cleans the temporary file."""
-    from hf_kernel_attn.evaluation.leaderboard import load_leaderboard_config, run_leaderboard
+    from hf_kernel_attn.leaderboard.sweep import load_leaderboard_config, run_leaderboard
 
     data = tmp_path / "data" / "wikitext-2-raw"
     data.mkdir(parents=True)  # a short text: tokenising the whole validation file would dominate the test

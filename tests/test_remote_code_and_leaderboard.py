@@ -148,7 +148,7 @@ def test_leaderboard_renders_skips_and_resumes(tiny_llama, tiny_bert, tmp_path):
 
 
 def test_leaderboard_config_errors(tmp_path):
-    from hf_kernel_attn.evaluation.leaderboard import load_leaderboard_config
+    from hf_kernel_attn.leaderboard.sweep import load_leaderboard_config
 
     def write(cfg):
         p = tmp_path / "c.yaml"
@@ -184,7 +184,7 @@ def test_heat_map_colours_zero_scores():
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from hf_kernel_attn.evaluation.leaderboard import HEAT_RANGE, heat_values
+    from hf_kernel_attn.leaderboard.sweep import HEAT_RANGE, heat_values
 
     ratios = np.array([[0.0, 0.5, 1.0], [1.7, np.nan, 40.0]])
     values = heat_values(ratios)

@@ -17,7 +17,10 @@ import yaml
 
 import hf_kernel_attn
 from hf_kernel_attn.integration.transfer import attention_transfer, softmax_teacher
-from hf_kernel_attn.training import ConfigError, load_config
+from hf_kernel_attn.training import ConfigError, events, load_config
+
+from . import fault_injection
+from .fault_injection import sleep_at
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SHAKESPEARE = DATA / "tinyshakespeare" / "train.txt"
@@ -277,16 +280,19 @@ def test_kernel_without_parameters_skips_transfer(tiny_llama, tmp_path):
 
 
 @pytest.mark.parametrize("clock", ["wall", "cpu"])
-def test_budget_clock(tiny_llama, tmp_path, monkeypatch, clock):
+def test_budget_clock(tiny_llama, tmp_path, clock):
     """max_minutes = 0.6 s with 0.4 s of sleep before each step: the wall clock ends the stage by step 2;
     the CPU clock does not count the sleep (a busy machine's waiting), so all 4 steps run."""
-    monkeypatch.setenv("HF_KERNEL_ATTN_STEP_DELAY", "0.4")
     cfg = load_config(write_config(tmp_path / "c.yaml", lm_config(
         tiny_llama, tmp_path / "o", kernel="elu", budget_clock=clock,
         **{"stages.lora.steps": 4, "stages.lora.max_minutes": 0.6 / 60, "validate": False})))
     from hf_kernel_attn.training import Trainer
 
-    Trainer(cfg).run()
+    stop = events.listen(sleep_at("begin-step-", 0.4))
+    try:
+        Trainer(cfg).run()
+    finally:
+        stop()
     log = read_log(tmp_path / "o")
     assert len(log) <= 2 if clock == "wall" else len(log) == 4
     assert all(r["cpu_seconds"] > 0 for r in log)
@@ -312,10 +318,10 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tiny_llama, tmp_path):
     out = tmp_path / "killed"
     cfg["output_dir"] = str(out)
     path = write_config(tmp_path / "killed.yaml", cfg)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "HF_KERNEL_ATTN_STEP_DELAY": "0.5"}  # slow steps down so the kill lands mid-run
-    proc = subprocess.Popen([*CLI, "finetune", str(path)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # slow steps down so the kill lands mid-run
+    proc = subprocess.Popen(fault_injection.command("finetune", str(path), sleep={"begin-step-": 0.5}), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log_file = out / "training_log.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -342,9 +348,10 @@ def test_kill_while_writing_a_checkpoint(tiny_llama, tmp_path):
     out = tmp_path / "killed"
     cfg["output_dir"] = str(out)
     path = write_config(tmp_path / "killed.yaml", cfg)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "HF_KERNEL_ATTN_CHECKPOINT_DELAY": "30"}
-    proc = subprocess.Popen([*CLI, "finetune", str(path)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # a 30 s window after the first checkpoint's first file
+    proc = subprocess.Popen(fault_injection.command("finetune", str(path), sleep={"save-2-optimizer.pt": 30}),
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and not list(out.glob(".tmp-checkpoint-*/*.pt")):
         time.sleep(0.05)
@@ -402,10 +409,11 @@ def test_two_processes_equal_one(tiny_llama, tmp_path):
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-4)
 
 
-def _torchrun(args: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env_extra or {})}
+def _torchrun(args: list[str], kill: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    script = fault_injection.command(*args, kill=kill)[1:]  # tests/fault_injection.py [--kill-at X] -- args
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(_free_port()), "-m", "hf_kernel_attn.cli", *args],
+                           "--master_port", str(_free_port()), *script],
                           capture_output=True, text=True, env=env, timeout=600)
 
 
@@ -425,7 +433,7 @@ def test_fsdp_full_fine_tune_of_minilm_equals_one_process(minilm_dir, tmp_path):
     cfg.update(output_dir=str(tmp_path / "two"), sharding="fsdp")
     cfg["data"]["batch_size"] = 4
     path = str(write_config(tmp_path / "two.yaml", cfg))
-    killed = _torchrun(["finetune", path], {"HF_KERNEL_ATTN_CRASH_AT": "step-5"})
+    killed = _torchrun(["finetune", path], kill="step-5")
     assert killed.returncode != 0 and (tmp_path / "two" / "checkpoint-3").is_dir(), killed.stderr[-3000:]
     held = [ln for ln in killed.stdout.splitlines() if ln.startswith("sharding: fsdp: process")]
     assert len(held) == 2

@@ -15,17 +15,13 @@ from typing import Any
 import torch
 
 from ..integration.branches import hybrid_layers, linear_branch_off, normaliser_shares, to_window_only
+from .perplexity import block_nll
 
 
 @torch.no_grad()
 def mean_loss(model, blocks: torch.Tensor) -> float:
     """Mean next-token NLL over every predicted token of the ``[n, L]`` blocks."""
-    total, count = 0.0, 0
-    for row in blocks:
-        x = row[None]
-        logits = model(input_ids=x, use_cache=False).logits[0, :-1].float()
-        total += float(torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum"))
-        count += x.shape[1] - 1
+    total, count = block_nll(model, blocks)
     return total / count
 
 

@@ -34,17 +34,25 @@ def perplexity(model, tokenizer, text: str, *, block_size: int = 512, max_tokens
         raise ValueError(f"the text ({_snippet(text)}) has {ids.numel()} tokens, fewer than one block of "
                          f"{block_size}; use a longer text or a smaller block size")
     blocks = ids[: n_blocks * block_size].view(n_blocks, block_size)
+    total, count = block_nll(model, blocks, batch_size)
+    return {"perplexity": math.exp(total / count), "nll": total / count, "tokens": count}
+
+
+@torch.no_grad()
+def block_nll(model, blocks: torch.Tensor, batch_size: int = 1) -> tuple[float, int]:
+    """(Σ next-token NLL, number of predicted tokens) over the rows of ``blocks`` (``[n, L]`` token ids, each row
+    on its own): the one perplexity computation that evaluation, diagnosis and training validation share."""
     device = next(model.parameters()).device
     total, count = 0.0, 0
-    for start in range(0, n_blocks, batch_size):
+    for start in range(0, len(blocks), batch_size):
         batch = blocks[start : start + batch_size].to(device)
-        logits = model(batch, use_cache=False).logits.float()
+        logits = model(input_ids=batch, use_cache=False).logits.float()
         nll = torch.nn.functional.cross_entropy(
             logits[:, :-1].reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum"
         )
         total += nll.item()
         count += batch[:, 1:].numel()
-    return {"perplexity": math.exp(total / count), "nll": total / count, "tokens": count}
+    return total, count
 
 
 @torch.no_grad()

@@ -18,7 +18,7 @@ from .synthetic import TRAIN_KERNELS
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
-    from ..evaluation.leaderboard import _read_jsonl
+    from ..leaderboard.sweep import _read_jsonl
 
     path = Path(path)
     if not path.is_file():
@@ -66,8 +66,8 @@ def table(records: list[dict[str, Any]]) -> str:
 
 
 def render_leaderboard(records: list[dict[str, Any]], output_dir: str | Path) -> None:
-    """The records through ``evaluation.leaderboard.render`` (rows: seed × kernel, columns: settings)."""
-    from ..evaluation.leaderboard import render
+    """The records through ``leaderboard.sweep.render`` (rows: seed × kernel, columns: settings)."""
+    from ..leaderboard.sweep import render
 
     seeds = sorted({r["seed"] for r in records})
     settings = sorted({r["task"] for r in records})

@@ -20,7 +20,7 @@ The model (``LlamaForCausalLM`` from the setting's YAML) is patched with ``hf_ke
 kernel=K)`` — softmax too, so every kernel runs through the same path — and trained with AdamW on the
 answer positions only. Accuracy is measured on a fixed held-out set drawn from the setting's eval seed;
 training examples that coincide with a held-out example are redrawn. Results are leaderboard records
-(the ``results.jsonl`` schema of ``evaluation/leaderboard.py``).
+(the ``results.jsonl`` schema of ``leaderboard/sweep.py``).
 """
 
 from __future__ import annotations
@@ -409,8 +409,8 @@ def run_many(task: str, kernels: list[str], seeds: list[int], settings: list[str
              log: Callable[[str], None] | None = print) -> list[dict[str, Any]]:
     """Every (setting, kernel, seed); with ``output`` (a results.jsonl) finished runs are skipped and each new
     record is appended atomically as soon as its run ends, so a killed sweep resumes where it stopped."""
-    from ..evaluation.leaderboard import _append_cell, _read_jsonl
     from ..kernels import KERNELS
+    from ..leaderboard.sweep import _append_cell, _read_jsonl
 
     unknown = [k for k in kernels if k not in KERNELS]
     if unknown:

@@ -14,16 +14,15 @@ import os
 import random
 import re
 import shutil
-import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .events import reached
+
 STATE_FILE = "trainer_state.json"
 _NAME = re.compile(r"^checkpoint-(\d+)$")
-CRASH_ENV = "HF_KERNEL_ATTN_CRASH_AT"  # tests: SIGKILL this process at the named point (see crash_point)
 
 
 class CheckpointWriteError(OSError):
@@ -31,13 +30,6 @@ class CheckpointWriteError(OSError):
 
     def __str__(self) -> str:
         return self.strerror or super().__str__()
-
-
-def crash_point(name: str) -> None:
-    """Tests only: when ``$HF_KERNEL_ATTN_CRASH_AT`` equals ``name``, SIGKILL this process right here, so that
-    kill/resume tests can land a real kill at a chosen point (mid-step, mid-checkpoint, mid-append)."""
-    if name and os.environ.get(CRASH_ENV) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def write_failed(what: str, output_dir: Path, exc: OSError) -> CheckpointWriteError:
@@ -97,11 +89,11 @@ def save_checkpoint(output_dir: Path, step: int, tensors: dict[str, Any], state:
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise write_failed(f"checkpoint-{step}", output_dir, exc) from exc
-    crash_point(f"rename-{step}")
+    reached(f"rename-{step}")
     if final.exists():  # re-saving the same step (a resumed stage end): replace it whole
         old = output_dir / f".old-checkpoint-{step}-{os.getpid()}"
         os.replace(final, old)
-        crash_point(f"swap-{step}")
+        reached(f"swap-{step}")
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     else:
@@ -111,16 +103,13 @@ def save_checkpoint(output_dir: Path, step: int, tensors: dict[str, Any], state:
 
 
 def _write_files(tmp: Path, step: int, tensors: dict[str, Any], state: dict[str, Any]) -> None:
-    delay = float(os.environ.get("HF_KERNEL_ATTN_CHECKPOINT_DELAY", 0))  # tests: a window to kill a write in
-    for i, (name, obj) in enumerate(tensors.items()):
-        if i == 1 and delay:
-            time.sleep(delay)
-        crash_point(f"save-{step}-{name}")
+    for name, obj in tensors.items():
+        reached(f"save-{step}-{name}")
         with open(tmp / name, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
-    crash_point(f"save-{step}-{STATE_FILE}")
+    reached(f"save-{step}-{STATE_FILE}")
     with open(tmp / STATE_FILE, "w") as f:
         json.dump(state, f, indent=2)
         f.flush()

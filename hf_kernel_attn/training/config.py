@@ -73,7 +73,8 @@ DEFAULTS: dict[str, Any] = {
     "threads": None,
     "budget_clock": "wall",      # max_minutes in wall-clock minutes, or cpu: process CPU time / torch threads
     "log_with": "auto",          # auto (tensorboard when installed) | none | tensorboard | wandb ...
-    "mixed_precision": "no",     # no | bf16 | fp16: accelerate's autocast around each training forward
+    "mixed_precision": None,     # no | bf16 | fp16: accelerate's autocast around each training forward;
+                                 # null: the launcher's (accelerate config), else no; the resolved config saves it
     "gradient_checkpointing": False,  # recompute each layer in backward (distill, lora, full)
     "sharding": "none",          # none | fsdp: the full stage sharded with FSDP2 over the processes
 }
@@ -355,7 +356,7 @@ def validate(config: dict[str, Any]) -> None:
         _check(data["glue_task"] in GLUE_TASKS,
                f"task sequence_classification needs data.glue_task, one of {sorted(GLUE_TASKS)}; "
                f"got {data['glue_task']!r}")
-    _check(config["mixed_precision"] in MIXED_PRECISION,
+    _check(config["mixed_precision"] in (None, *MIXED_PRECISION),
            f"mixed_precision must be one of {list(MIXED_PRECISION)}, got {config['mixed_precision']!r}")
     _check(isinstance(config["gradient_checkpointing"], bool),
            f"gradient_checkpointing must be true or false, got {config['gradient_checkpointing']!r}")

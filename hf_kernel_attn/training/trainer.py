@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from ..evaluation.perplexity import block_nll
 from ..evaluation.runner import mean_pool
 from ..evaluation.tasks import glue_metrics
 from ..integration.layer_choice import (
@@ -56,6 +57,7 @@ from . import checkpoint as ckpt
 from . import sharding
 from .config import STAGES, dump_config
 from .data import BatchPlan, PlanBatches, SampleIndex, check_training_data, glue_examples, sentences, text_blocks
+from .events import reached
 from .losses import distillation_loss
 from .model_card import write_card
 from .recall_data import recall_block_spans, recall_span_targets
@@ -94,6 +96,7 @@ class Trainer:
             cpu=not torch.cuda.is_available(), log_with=self._trackers(), project_dir=str(self.out),
             mixed_precision=config["mixed_precision"], gradient_accumulation_steps=config["data"]["grad_accum"],
             dataloader_config=DataLoaderConfiguration(split_batches=True))
+        self.config["mixed_precision"] = str(self.accelerator.mixed_precision)  # what runs (launcher's if null)
         self.device = self.accelerator.device
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.main = self.accelerator.is_main_process
@@ -503,7 +506,7 @@ class Trainer:
         tensors = self._checkpoint_tensors(optimizer, scheduler) if self.sharded or self.main else None
         if self.main:
             ckpt.save_checkpoint(self.out, state["global_step"], tensors, state)
-            ckpt.crash_point(f"prune-{state['global_step']}")
+            reached(f"prune-{state['global_step']}")
             ckpt.prune(self.out, self.config["keep_checkpoints"])
         self._wait()
 
@@ -511,10 +514,7 @@ class Trainer:
         if self.main:
             line = json.dumps(record) + "\n"
             with open(self.out / file, "a") as f:
-                if os.environ.get(ckpt.CRASH_ENV) == f"log-{record['step']}":  # tests: die mid-line
-                    f.write(line[: len(line) // 2])
-                    f.flush()
-                    ckpt.crash_point(f"log-{record['step']}")
+                reached(f"log-{record['step']}", file=f, line=line)
                 f.write(line)
 
     def _truncate_log(self, step: int) -> None:
@@ -544,13 +544,7 @@ class Trainer:
         bs = data["batch_size"]
         try:
             if self.task == "causal_lm":
-                total, count = 0.0, 0
-                for s in range(0, n, bs):
-                    ids = self.valid.items[s:s + bs].to(self.device)
-                    logits = self.model(input_ids=ids, use_cache=False).logits.float()
-                    total += torch.nn.functional.cross_entropy(
-                        logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten(), reduction="sum").item()
-                    count += ids[:, 1:].numel()
+                total, count = block_nll(self.model, self.valid.items[:n], bs)
                 return {"val_loss": total / count, "val_perplexity": math.exp(total / count)}
             rows = self.valid.items[:n]
             if self.task == "sequence_classification":
@@ -651,7 +645,8 @@ class Trainer:
         checkpointing = cfg["gradient_checkpointing"] and stage != "transfer"  # transfer runs in eval mode
         if checkpointing:
             self._base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.sharded = stage == "full" and self.world > 1 and (cfg["sharding"] == "fsdp" or self.accelerate_fsdp)
+        # accelerate's FSDP shards the model in every stage it prepares; ours (sharding: fsdp) the full stage
+        self.sharded = self.world > 1 and (self.accelerate_fsdp or (cfg["sharding"] == "fsdp" and stage == "full"))
         if self.sharded and not self.accelerate_fsdp:
             sharding.shard(self.model)
             params = [p for p in self.model.parameters() if p.requires_grad]
@@ -703,10 +698,8 @@ class Trainer:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=stage_cfg["steps"], initial=state["stage_step"], desc=stage, dynamic_ncols=True)
-        delay = float(os.environ.get("HF_KERNEL_ATTN_STEP_DELAY", 0))  # tests: a window to kill a run in
         while state["stage_step"] < stage_cfg["steps"]:
-            if delay:
-                time.sleep(delay)
+            reached(f"begin-step-{state['global_step'] + 1}")
             step_start = time.perf_counter()
             loss_sum, tokens, lr = 0.0, 0, scheduler.get_last_lr()[0]
             for _ in range(accum):
@@ -731,7 +724,7 @@ class Trainer:
             state["seconds"] = time.perf_counter() - self.t0
             state["cpu_seconds"] = time.process_time() - self.cpu0
             state["stage_seconds"] = clock() - stage_start
-            ckpt.crash_point(f"step-{state['global_step']}")
+            reached(f"step-{state['global_step']}")
             step_seconds = time.perf_counter() - step_start
             record = {"stage": stage, "step": state["global_step"], "stage_step": state["stage_step"],
                       "loss": loss_value, "lr": lr, "tokens": state["tokens"],
@@ -795,7 +788,7 @@ class Trainer:
             except OSError as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise ckpt.write_failed("the final model", self.out, exc) from exc
-            ckpt.crash_point("final")
+            reached("final")
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)

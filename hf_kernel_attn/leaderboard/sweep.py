@@ -45,9 +45,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ..evaluation.runner import ModelSpec, run_eval
+from ..evaluation.tasks import LONG_CONTEXT_TASKS, check_split, check_tasks
 from ..kernels import KERNELS, import_modules, is_softmax
-from .runner import ModelSpec, run_eval
-from .tasks import LONG_CONTEXT_TASKS, check_split, check_tasks
+from ..training.events import reached
 
 MAIN_METRIC = {
     "wikitext2": "perplexity", "ptb": "perplexity", "tinyshakespeare": "perplexity", "lambada_openai": "acc",
@@ -100,8 +101,8 @@ def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None
     cfg.setdefault("batch_size", 1)
     cfg.setdefault("limit", None)
     cfg.setdefault("data_dir", "../shared/data")
-    from .long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
-    from .long_context.runner import check_long_context_args
+    from ..evaluation.long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
+    from ..evaluation.long_context.runner import check_long_context_args
 
     cfg.setdefault("lengths", list(DEFAULT_LENGTHS))
     cfg.setdefault("depths", list(DEFAULT_DEPTHS))
@@ -177,16 +178,14 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in read_jsonl_lines(path)]
 
 
-def _write_atomic(path: Path, text: str, crash_name: str = "") -> None:
+def _write_atomic(path: Path, text: str, event: str = "") -> None:
     """Replace ``path`` by ``text``: a temporary file in the same folder, fsynced, then renamed over it."""
-    from ..training.checkpoint import crash_point
-
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text[: len(text) // 2])
-            crash_point(crash_name)  # tests: killed with the new file half written
-            f.write(text[len(text) // 2:])
+            if event:
+                reached(event, file=f, text=text)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -347,7 +346,7 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
     long_records = [r for r in records if r["split"] == split and r["task"] in LONG_CONTEXT_TASKS]
     if long_records:
         try:
-            from .long_context.plots import plot_long_context
+            from ..evaluation.long_context.plots import plot_long_context
 
             plot_long_context(long_records, out / "long_context")
         except ImportError:

@@ -1,0 +1,38 @@
+"""Named points a training run (and a leaderboard sweep) passes, for observers: progress probes, timing,
+fault-injection tests.
+
+The run calls ``reached(name, **info)`` at each point; ``listen(fn)`` registers ``fn(name, **info)`` in this
+process and returns a function that removes it. Points, for optimizer step N:
+
+* ``begin-step-N`` before the step's first micro-batch; ``step-N`` once the step is done;
+* ``log-N`` before its record is appended (info: ``file``, the open log, and ``line``, the record);
+* at a checkpoint: ``save-N-FILE`` before each file, ``rename-N`` before the folder takes its name,
+  ``swap-N`` between the two renames of a re-saved step, ``prune-N`` before older checkpoints are removed;
+* ``final`` before ``final/`` takes its name;
+* the leaderboard: ``append-K`` before a cell's records join the K that results.jsonl holds (info: ``file``,
+  the open temporary file that replaces it, and ``text``, what it is about to hold).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Listener = Callable[..., None]
+_LISTENERS: list[Listener] = []
+
+
+def listen(fn: Listener) -> Callable[[], None]:
+    """Call ``fn(name, **info)`` at every point; returns the function that stops it."""
+    _LISTENERS.append(fn)
+
+    def stop() -> None:
+        if fn in _LISTENERS:
+            _LISTENERS.remove(fn)
+
+    return stop
+
+
+def reached(name: str, **info: Any) -> None:
+    for fn in list(_LISTENERS):
+        fn(name, **info)
