@@ -17,7 +17,8 @@ from .integration.attention import register as _register
 from .integration.attention import register_kernel
 from .integration.loading import convert_gguf, from_pretrained
 from .integration.patching import install_hooks as _install_hooks
-from .integration.patching import kernel_config, patch, unpatch
+from .integration.patching import kernel_config, unpatch
+from .integration.swap import patch
 from .kernels import KERNELS, FeatureMapKernel, Kernel, KernelOptions, LayerShape, LinearOptions
 
 __version__ = "0.1.0"

@@ -28,6 +28,7 @@ from ..kernels import Kernel, LinearKernel
 from ..kernels.linear import LinearState
 from ..kernels.softmax import SoftmaxKernel, banded_attention, gather_keys, sink_slots
 from .attention import KERNEL_ATTR, packed_segments
+from .modules import attention_modules
 
 
 def _bytes(*tensors: torch.Tensor) -> int:
@@ -336,8 +337,6 @@ class RecurrentStateCache(Cache):
     growing K/V cache for the others."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        from .patching import attention_modules
-
         kernels = [getattr(m, KERNEL_ATTR, None) for m in attention_modules(model)]
         if not any(_wants_layer(k) for k in kernels):
             raise ValueError("RecurrentStateCache needs a model patched with at least one linear kernel or one "
@@ -428,8 +427,6 @@ def wants_state_cache(model: torch.nn.Module) -> bool:
     """True for a patched model with a linear or windowed-softmax layer whose attention modules pass their
     kwargs to the cache (generate and caching forwards then build a RecurrentStateCache; other models keep
     transformers' own cache, which is correct but grows with the context)."""
-    from .patching import attention_modules
-
     data = getattr(getattr(model, "config", None), "kernel_attention", None)
     if not data:
         return False

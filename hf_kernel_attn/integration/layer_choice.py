@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from ..config import KernelAttentionConfig, LayerChoice
+from .modules import num_attention_layers
+from .patching import apply_config, kernel_config
 from .transfer import attention_probe, attention_transfer, softmax_teacher
 
 logger = logging.getLogger("hf_kernel_attn")
@@ -112,8 +114,6 @@ def apply_choice(model: nn.Module, kernel: str, params: dict[str, Any], softmax_
                  record: dict[str, Any]) -> nn.Module:
     """Keep ``softmax_layers`` as softmax and every other layer on ``kernel``; layers that keep their kernel keep
     its (possibly trained) parameters. ``record`` goes to ``config.kernel_attention["auto"]``."""
-    from .patching import apply_config, num_attention_layers
-
     kcfg = KernelAttentionConfig.create(kernel, {i: "softmax" for i in softmax_layers},
                                         num_layers=num_attention_layers(model), **params)
     kcfg.auto = record
@@ -133,10 +133,8 @@ def measure_choice(model: nn.Module, k: int, calibration: Any) -> dict[str, Any]
 def auto_patch(model: nn.Module, kernel: str, k: int, calibration: Any, **params: Any) -> nn.Module:
     """``patch(model, kernel, layers="auto:K", calibration=...)``: convert every layer, measure each layer's
     transfer error on the calibration batches, then put the K worst layers back to softmax."""
-    from .patching import patch
-
     _as_batches(calibration)  # a bad calibration fails before the model is touched
-    patch(model, kernel=kernel, **params)
+    apply_config(model, KernelAttentionConfig.create(kernel, None, num_layers=num_attention_layers(model), **params))
     record = measure_choice(model, k, calibration)
     apply_choice(model, kernel, params, record["softmax_layers"], record)
     logger.info("layers=auto:%d: keeping layers %s as softmax (transfer errors %s)", k, record["softmax_layers"],
@@ -239,8 +237,6 @@ def measure_retrieval_head_choice(model: nn.Module, k: int, batches: list[dict[s
 def apply_head_choice(model: nn.Module, record: dict[str, Any]) -> nn.Module:
     """Give each chosen layer its ``softmax_heads`` (per-layer options; every other option and the trained
     feature maps stay), and add ``record`` to ``config.kernel_attention["auto"]``."""
-    from .patching import apply_config, kernel_config
-
     kcfg = kernel_config(model)
     if kcfg is None:
         raise ValueError("a head choice needs a model patched with hf_kernel_attn")

@@ -29,21 +29,8 @@ from ..kernels import KERNELS, Kernel, LayerShape, build_kernel, kernel_class
 from . import positions
 from .attention import KERNEL_ATTR, SAVED_NAME
 from .cache import install_cache_hook, remove_cache_hook
+from .modules import attention_modules
 from .remote_code import forget_remote_code, remove_remote_code, write_remote_code
-
-
-@functools.cache
-def _routes_through_interface(cls: type) -> bool:
-    try:
-        src = inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return False
-    return "ALL_ATTENTION_FUNCTIONS" in src
-
-
-def attention_modules(model: nn.Module) -> list[nn.Module]:
-    """Attention modules whose forward calls transformers' AttentionInterface, in model order."""
-    return [m for m in model.modules() if not isinstance(m, Kernel) and _routes_through_interface(type(m))]
 
 
 def _text_config(config: Any) -> Any:
@@ -183,31 +170,6 @@ def _set_attention_name(model: nn.Module, modules: list[nn.Module], name: str) -
         if config is not None and id(config) not in seen and hasattr(config, "_attn_implementation_internal"):
             seen.add(id(config))
             config._attn_implementation_internal = name
-
-
-def num_attention_layers(model: nn.Module) -> int:
-    return len(attention_modules(model))
-
-
-def patch(model: nn.Module, kernel: str, layers: Any = None, calibration: Any = None, **params: Any) -> nn.Module:
-    """Swap the attention kernel of ``model`` in place (and return it).
-
-    ``layers``: None (all layers), a list of layer indices that run ``kernel`` (others keep softmax),
-    a dict {index: kernel name}, or ``"auto:K"``: the K layers with the largest attention-transfer error on
-    ``calibration`` (token ids ``[B, N]`` or a tokenizer's output) stay softmax (integration/layer_choice.py).
-    Negative indices count from the end. ``params`` are the kernel's options (see
-    ``hf_kernel_attn.available_kernels()``)."""
-    from .layer_choice import auto_patch, parse_auto
-
-    if not hasattr(model, "config"):
-        raise ValueError(f"patch() needs a transformers PreTrainedModel, got {type(model).__name__}")
-    keep = parse_auto(layers, num_attention_layers(model))
-    if keep is not None:
-        return auto_patch(model, kernel, keep, calibration, **params)
-    if calibration is not None:
-        raise ValueError("calibration= is only used with layers='auto:K'")
-    kcfg = KernelAttentionConfig.create(kernel, layers, num_layers=num_attention_layers(model), **params)
-    return apply_config(model, kcfg)
 
 
 def unpatch(model: nn.Module, attn_implementation: str = "sdpa") -> nn.Module:

@@ -12,7 +12,8 @@ import torch
 
 from ..integration.attention import KERNEL_ATTR
 from ..integration.cache import RecurrentStateCache, RecurrentStateLayer, wants_state_cache
-from ..integration.patching import attention_modules, patch
+from ..integration.modules import attention_modules
+from ..integration.swap import patch
 from ..kernels import SOFTMAX, is_softmax, kernel_class
 from ..kernels.base import accum
 from ..kernels.linear import LinearState, SinkSet

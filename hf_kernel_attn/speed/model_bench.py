@@ -59,7 +59,7 @@ def load_models(
     attention direction are left out with a message from :func:`bench_models`' rows instead."""
     import transformers
 
-    from ..integration.patching import patch
+    from ..integration.swap import patch
     from ..training.config import resolve_package_path
 
     unknown = [k for k in kernels if k not in KERNELS]

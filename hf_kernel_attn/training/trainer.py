@@ -51,7 +51,8 @@ from ..integration.layer_choice import (
     parse_auto,
     parse_heads,
 )
-from ..integration.patching import attention_modules, num_attention_layers, patch
+from ..integration.modules import attention_modules, num_attention_layers
+from ..integration.swap import patch
 from ..integration.transfer import attention_transfer, softmax_teacher
 from . import checkpoint as ckpt
 from . import sharding
