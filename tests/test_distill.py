@@ -61,7 +61,7 @@ def test_teacher_is_the_original_softmax_model(tiny_llama, tmp_path, train):
     ids = trainer.train.items[:2]
     with torch.no_grad():
         want = stock(input_ids=ids).logits
-    got = trainer.teacher_logits({"input_ids": ids})
+    got = trainer.stages["distill"].teacher_logits({"input_ids": ids})
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     log = read_log(tmp_path / "o")
     assert [r["stage"] for r in log].count("distill") == 4

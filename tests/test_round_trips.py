@@ -127,11 +127,11 @@ def test_user_auto_map_entries_survive_unpatch():
 def test_sentence_transformers_module_folders_are_written(minilm_dir, tmp_path):
     """Every folder the converted model's modules.json names exists (all-MiniLM-L6-v2 names 2_Normalize, which
     has no files and is absent from the source folder); sentence-transformers loads it when installed."""
-    from hf_kernel_attn.training.trainer import _copy_sentence_transformers_files
+    from hf_kernel_attn.training.tasks.sentence_embedding import copy_sentence_transformers_files
 
     names = [e["path"] for e in json.loads((minilm_dir / "modules.json").read_text()) if e["path"]]
     assert "2_Normalize" in names
-    _copy_sentence_transformers_files(minilm_dir, tmp_path)
+    copy_sentence_transformers_files(minilm_dir, tmp_path)
     for name in names:
         assert (tmp_path / name).is_dir(), name
     assert (tmp_path / "1_Pooling" / "config.json").is_file()
@@ -143,13 +143,13 @@ def test_sentence_transformers_loads_a_saved_kernel_minilm(minilm_dir, tmp_path)
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
 
-    from hf_kernel_attn.training.trainer import _copy_sentence_transformers_files
+    from hf_kernel_attn.training.tasks.sentence_embedding import copy_sentence_transformers_files
 
     model = AutoModel.from_pretrained(minilm_dir, attn_implementation="elu").eval()
     tok = AutoTokenizer.from_pretrained(minilm_dir)
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    _copy_sentence_transformers_files(minilm_dir, tmp_path)
+    copy_sentence_transformers_files(minilm_dir, tmp_path)
     sentences = ["A man is playing a guitar.", "The weather is cold today in the north."]
     got = torch.as_tensor(SentenceTransformer(str(tmp_path), device="cpu").encode(sentences))
     batch = tok(sentences, padding=True, return_tensors="pt")

@@ -133,6 +133,7 @@ def test_training_arguments_names(tmp_path):
     assert (cfg["data"]["batch_size"], cfg["data"]["grad_accum"], cfg["mixed_precision"]) == (2, 3, "bf16")
     assert (cfg["save_every"], cfg["keep_checkpoints"], cfg["log_with"]) == (7, 4, "none")
     assert not {"learning_rate", "max_steps", "bf16", "per_device_train_batch_size"} & set(cfg)
+    assert load_config(path, ["mixed_precision=no"])["mixed_precision"] == "no"  # YAML's `no` is false
 
 
 def test_gradient_checkpointing_and_bf16_runs(tiny_llama, tmp_path):

@@ -10,8 +10,11 @@ from .blocks import (
 )
 from .config import DEFAULTS, ConfigError, load_config
 from .losses import distillation_loss
+from .stages import TrainingStage, register_stage
+from .tasks import TrainingTask, register_task
 from .trainer import Trainer, finetune
 
 __all__ = ["DEFAULTS", "AttentionTransferModel", "ConfigError", "EmbeddingDistillationModel", "Trainer",
            "attention_transfer", "distillation_loss", "finetune", "kernel_parameters", "load_config",
-           "softmax_teacher", "teacher_embeddings"]
+           "register_stage", "register_task", "softmax_teacher", "teacher_embeddings", "TrainingStage",
+           "TrainingTask"]

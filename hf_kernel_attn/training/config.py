@@ -18,15 +18,13 @@ import yaml
 from ..kernels import KERNELS, import_modules, validate_params
 from .schedules import SCHEDULES
 from .sharding import SHARDINGS
+from .stages import COMMON_DEFAULTS, STAGE_TYPES, stage_names
+from .tasks import TASK_TYPES
 
-TASKS = ("causal_lm", "sequence_classification", "sentence_embedding")
-STAGES = ("transfer", "distill", "lora", "full")
-DISTILL_TRAIN = ("lora", "full")  # what the distill stage trains
+STAGES = stage_names()  # the run order (training/stages/)
 MIXED_PRECISION = ("no", "bf16", "fp16")
 BUDGET_CLOCKS = ("wall", "cpu")
 
-_STAGE = {"steps": 0, "lr": 1e-3, "max_minutes": None, "warmup_steps": 0, "schedule": "constant",
-          "weight_decay": 0.0, "max_grad_norm": None}
 DEFAULTS: dict[str, Any] = {
     "model": None,               # folder or hub id
     "gguf_file": None,           # convert a GGUF checkpoint on the fly
@@ -55,16 +53,8 @@ DEFAULTS: dict[str, Any] = {
     },
     "seed": 0,
     "imports": [],               # modules to import first: they register kernels of your own (register_kernel)
-    "stages": {
-        "transfer": {**_STAGE, "lr": 1e-2, "loss": "mse"},
-        # KL(teacher || student) on the next-token distribution, the teacher being the same model with softmax
-        # attention and the original weights; plus ce_weight x cross-entropy
-        "distill": {**_STAGE, "max_grad_norm": 1.0, "temperature": 1.0, "ce_weight": 0.0, "train": "lora",
-                    "r": 8, "alpha": 16, "dropout": 0.0, "target_modules": None, "train_kernel": False},
-        "lora": {**_STAGE, "lr": 1e-4, "max_grad_norm": 1.0, "r": 8, "alpha": 16, "dropout": 0.0,
-                 "target_modules": None, "train_kernel": False},
-        "full": {**_STAGE, "lr": 2e-5, "max_grad_norm": 1.0, "train_kernel": True},
-    },
+    # each stage's keys: COMMON_DEFAULTS and the stage's own (training/stages/<name>.py)
+    "stages": {name: {**COMMON_DEFAULTS, **STAGE_TYPES[name].defaults} for name in STAGES},
     "save_every": 100,
     "keep_checkpoints": 2,
     "output_dir": None,
@@ -287,7 +277,9 @@ def _is_num(x: Any, low: float = 0.0) -> bool:
 def validate(config: dict[str, Any]) -> None:
     for key in REQUIRED:
         _check(config.get(key) not in (None, ""), f"config key {key!r} is required")
-    _check(config["task"] in TASKS, f"task must be one of {list(TASKS)}, got {config['task']!r}")
+    _check(config["task"] in TASK_TYPES, f"task must be one of {sorted(TASK_TYPES)}, got {config['task']!r}")
+    problem = TASK_TYPES[config["task"]].check_config(config)
+    _check(problem is None, problem or "")
 
     _check(isinstance(config["kernel"], str) and config["kernel"] in KERNELS,
            f"unknown kernel {config['kernel']!r}; available: {sorted(KERNELS)}")
@@ -350,12 +342,8 @@ def validate(config: dict[str, Any]) -> None:
     _check(not data["recall_fraction"] or config["task"] == "causal_lm",
            f"data.recall_fraction adds recall facts to language-modelling text: it needs task causal_lm, got "
            f"{config['task']!r}")
-    if config["task"] == "sequence_classification":
-        from ..data import GLUE_TASKS
-
-        _check(data["glue_task"] in GLUE_TASKS,
-               f"task sequence_classification needs data.glue_task, one of {sorted(GLUE_TASKS)}; "
-               f"got {data['glue_task']!r}")
+    if config["mixed_precision"] is False:  # YAML 1.1 reads an unquoted `no` as false
+        config["mixed_precision"] = "no"
     _check(config["mixed_precision"] in (None, *MIXED_PRECISION),
            f"mixed_precision must be one of {list(MIXED_PRECISION)}, got {config['mixed_precision']!r}")
     _check(isinstance(config["gradient_checkpointing"], bool),
@@ -378,27 +366,9 @@ def validate(config: dict[str, Any]) -> None:
         _check(stage["schedule"] in SCHEDULES,
                f"stages.{name}.schedule must be one of {list(SCHEDULES)}, got {stage['schedule']!r}")
         _check(_is_int(stage["warmup_steps"]), f"stages.{name}.warmup_steps must be an integer >= 0")
-    from ..integration.transfer import TRANSFER_LOSSES
-
-    loss = config["stages"]["transfer"]["loss"]
-    _check(loss in TRANSFER_LOSSES, f"stages.transfer.loss must be one of {list(TRANSFER_LOSSES)}, got {loss!r}")
-    for name in ("lora", "distill"):
-        lora = config["stages"][name]
-        _check(_is_int(lora["r"], 1), f"stages.{name}.r must be an integer >= 1, got {lora['r']!r}")
-        _check(_is_num(lora["alpha"]) and lora["alpha"] > 0, f"stages.{name}.alpha must be > 0")
-        targets = lora["target_modules"]
-        _check(targets is None or (isinstance(targets, list) and all(isinstance(t, str) for t in targets)),
-               f"stages.{name}.target_modules must be null or a list of module names, got {targets!r}")
-    distill = config["stages"]["distill"]
-    _check(distill["train"] in DISTILL_TRAIN,
-           f"stages.distill.train must be one of {list(DISTILL_TRAIN)}, got {distill['train']!r}")
-    _check(_is_num(distill["temperature"]) and distill["temperature"] > 0,
-           f"stages.distill.temperature must be a number > 0, got {distill['temperature']!r}")
-    _check(_is_num(distill["ce_weight"]),
-           f"stages.distill.ce_weight must be a number >= 0, got {distill['ce_weight']!r}")
-    _check(not distill["steps"] or config["task"] == "causal_lm",
-           f"stages.distill distils next-token distributions: it needs task causal_lm, got {config['task']!r} "
-           "(sentence_embedding distils the teacher's embeddings in the lora/full stages)")
+    for name in STAGES:
+        problem = STAGE_TYPES[name].check_config(config["stages"][name], config)
+        _check(problem is None, problem or "")
     _check(any(config["stages"][s]["steps"] for s in STAGES),
            "every stage has steps: 0; nothing to train (set stages.<transfer|distill|lora|full>.steps)")
 

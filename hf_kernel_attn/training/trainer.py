@@ -26,11 +26,9 @@ batch_size b/P follow the same trajectory as one process with batch_size b. ``sh
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import json
-import math
 import os
 import random
 import shutil
@@ -40,9 +38,6 @@ from typing import Any
 
 import torch
 
-from ..evaluation.perplexity import block_nll
-from ..evaluation.runner import mean_pool
-from ..evaluation.tasks import glue_metrics
 from ..integration.layer_choice import (
     apply_head_choice,
     kv_group_size,
@@ -53,26 +48,21 @@ from ..integration.layer_choice import (
 )
 from ..integration.modules import attention_modules, num_attention_layers
 from ..integration.swap import patch
-from ..integration.transfer import attention_transfer, softmax_teacher
 from . import checkpoint as ckpt
 from . import sharding
 from .config import STAGES, dump_config
-from .data import BatchPlan, PlanBatches, SampleIndex, check_training_data, glue_examples, sentences, text_blocks
+from .data import BatchPlan, PlanBatches, SampleIndex, check_training_data
 from .events import reached
-from .losses import distillation_loss
 from .model_card import write_card
 from .recall_data import recall_block_spans, recall_span_targets
 from .schedules import make_scheduler
+from .stages import STAGE_TYPES
+from .tasks import TASK_TYPES
 
 LOG_FILE = "training_log.jsonl"
 VALIDATION_FILE = "validation.jsonl"
 AUTO_LAYERS_FILE = "auto_layers.json"  # layers: auto:K -- the layers kept as softmax and every layer's error
 AUTO_HEADS_FILE = "auto_heads.json"  # heads: auto:K -- the heads kept as exact softmax and every head's error
-_AUTO_CLASS = {
-    "causal_lm": "AutoModelForCausalLM",
-    "sequence_classification": "AutoModelForSequenceClassification",
-    "sentence_embedding": "AutoModel",
-}
 _LORA_TARGETS = {  # attention projections per architecture family (LoLCATs: q, k, v, o)
     "llama": ["q_proj", "k_proj", "v_proj", "o_proj"],
     "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj"],
@@ -102,6 +92,8 @@ class Trainer:
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.main = self.accelerator.is_main_process
         self.task = config["task"]
+        self.task_impl = TASK_TYPES[self.task](self)  # tasks/<name>.py: data, batches, loss, held-out score
+        self.stages = {name: STAGE_TYPES[name](self) for name in STAGES}  # stages/<name>.py
         self.accelerate_fsdp = self.accelerator.distributed_type == DistributedType.FSDP
         self.sharded = False  # true while the full stage runs sharded (FSDP2)
         self.net: torch.nn.Module | None = None  # the model a training step runs: the prepared (wrapped) model
@@ -152,7 +144,7 @@ class Trainer:
             tmp = self.out / ".tmp-base-model"
             shutil.rmtree(tmp, ignore_errors=True)
             convert_gguf(cfg["model"], cfg["gguf_file"], tmp,
-                         model_class=cfg["model_class"] or _AUTO_CLASS[self.task])
+                         model_class=cfg["model_class"] or self.task_impl.auto_class)
             os.replace(tmp, target)
         self._wait()
         return str(target)
@@ -167,7 +159,7 @@ class Trainer:
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        cls = getattr(transformers, cfg["model_class"] or _AUTO_CLASS[self.task])
+        cls = getattr(transformers, cfg["model_class"] or self.task_impl.auto_class)
         kwargs: dict[str, Any] = dict(cfg["config_overrides"])
         if kwargs:
             model_config = transformers.AutoConfig.from_pretrained(source)
@@ -175,12 +167,8 @@ class Trainer:
             if unknown:
                 raise ValueError(f"config_overrides: {unknown} are not attributes of the {model_config.model_type} "
                                  f"config; it has {sorted(model_config.to_dict())}")
-        if self.task == "sequence_classification":
-            from ..data import GLUE_TASKS
-
-            glue = GLUE_TASKS[cfg["data"]["glue_task"]]
-            kwargs["num_labels"] = glue.num_labels
-            kwargs["problem_type"] = "regression" if glue.is_regression else "single_label_classification"
+        kwargs.update(self.task_impl.model_kwargs())
+        self._load_kwargs = kwargs
         torch.manual_seed(cfg["seed"])  # a new classification head is drawn from the seed
         model = cls.from_pretrained(source, **kwargs)
         if model.config.pad_token_id is None:
@@ -199,20 +187,27 @@ class Trainer:
         # kernel parameters the kernel itself declares learnable (σ, g, hedgehog maps, learnable ω)
         self.kernel_params = {id(p) for n, p in model.named_parameters() if ".kernel_attn." in n and p.requires_grad}
         self.model = model
-        self._forward_kwargs = set(inspect.signature(type(model).forward).parameters)
+        self.forward_kwargs = set(inspect.signature(type(model).forward).parameters)
+
+    def load_original_model(self) -> torch.nn.Module:
+        """The model as it was before the run: softmax attention, the original weights (a distillation teacher)."""
+        import transformers
+
+        cls = getattr(transformers, self.config["model_class"] or self.task_impl.auto_class)
+        return cls.from_pretrained(self.source, **self._load_kwargs)
+
+    @property
+    def teacher(self) -> torch.Tensor:
+        """sentence_embedding: the original model's pooled embedding of each training sentence."""
+        return self.task_impl.teacher
 
     def _load_data(self) -> None:
-        if self.task == "causal_lm":
-            self.train, self.valid = text_blocks(self.config, self.tokenizer)
-        elif self.task == "sequence_classification":
-            self.train, self.valid = glue_examples(self.config)
-        else:
-            self.train, self.valid = sentences(self.config)
+        self.train, self.valid = self.task_impl.load_data()
         data = self.config["data"]
         self.plan = BatchPlan(len(self.train), self.config["seed"], data["batch_size"], self.world, self.rank)
 
     # ---------------------------------------------------------------- batches
-    def _encode(self, texts_a: list[str], texts_b: list[str | None] | None = None) -> dict[str, torch.Tensor]:
+    def encode(self, texts_a: list[str], texts_b: list[str | None] | None = None) -> dict[str, torch.Tensor]:
         seq_len = self.config["data"]["seq_len"]
         if texts_b is not None and any(t is not None for t in texts_b):
             enc = self.tokenizer(texts_a, [t or "" for t in texts_b], padding=True, truncation=True,
@@ -222,115 +217,14 @@ class Trainer:
         return {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask",
                                                                       "token_type_ids")}
 
-    def _batch(self, items: Any, idx: list[int]) -> tuple[dict[str, Any], int]:
-        """Model inputs for samples ``idx`` of ``items`` and their number of real tokens."""
-        if self.task == "causal_lm":
-            ids = items[idx].to(self.device)
-            return {"input_ids": ids}, ids.numel()
-        if self.task == "sequence_classification":
-            rows = [items[i] for i in idx]
-            enc = self._encode([r.text_a for r in rows], [r.text_b for r in rows])
-            dtype = torch.float if self.model.config.problem_type == "regression" else torch.long
-            enc["labels"] = torch.tensor([r.label for r in rows], dtype=dtype, device=self.device)
-            return enc, int(enc["attention_mask"].sum())
-        enc = self._encode([items[i] for i in idx])
-        enc["teacher_index"] = idx
-        return enc, int(enc["attention_mask"].sum())
-
     # ---------------------------------------------------------------- objectives
-    def _student(self) -> torch.nn.Module:
+    def student(self) -> torch.nn.Module:
         """The model a training step runs: during a stage the prepared one (DDP-wrapped, autocast), else the model."""
         return self.net if self.net is not None else self.model
 
     def _collate(self, idx: list[int]) -> dict[str, Any]:
-        batch, n_tokens = self._batch(self.train.items, idx)
+        batch, n_tokens = self.task_impl.batch(self.train.items, idx)
         return {**batch, "num_tokens": n_tokens}
-
-    def _inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in batch.items() if k not in ("teacher_index", "labels", "num_tokens")}
-
-    def _transfer_loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        kwargs = self._inputs(batch)
-        if "logits_to_keep" in self._forward_kwargs:
-            kwargs["logits_to_keep"] = 1  # the LM head is not needed for a layer-local loss
-        if "use_cache" in self._forward_kwargs:
-            kwargs["use_cache"] = False
-        with attention_transfer(self.config["stages"]["transfer"]["loss"]) as rec:
-            self._student()(**kwargs)
-            loss = rec.total()
-            self._last_layer_mse = rec.mean()
-        return loss
-
-    def _stage_loss(self, stage: str, batch: dict[str, Any]) -> torch.Tensor:
-        if stage == "transfer":
-            return self._transfer_loss(batch)
-        if stage == "distill":
-            return self._distill_loss(batch)
-        return self._task_loss(batch)
-
-    @torch.no_grad()
-    def teacher_logits(self, batch: dict[str, Any]) -> torch.Tensor:
-        """The softmax teacher's logits: the model itself with softmax attention and its LoRA adapters off,
-        or (``train: full``, whose weights move) a frozen copy of the original model loaded once."""
-        inputs = {**self._inputs(batch), "use_cache": False}
-        if self._distill_train() == "full":
-            if getattr(self, "_teacher_model", None) is None:
-                import transformers
-
-                cls = getattr(transformers, self.config["model_class"] or _AUTO_CLASS[self.task])
-                self._teacher_model = cls.from_pretrained(self.source).to(self.device).eval().requires_grad_(False)
-            return self._teacher_model(**inputs).logits
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            adapters_off = self.model.disable_adapter() if self._is_peft() else contextlib.nullcontext()
-            with adapters_off, softmax_teacher():
-                return self.model(**inputs).logits
-        finally:
-            self.model.train(was_training)
-
-    def _distill_loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        stage = self.config["stages"]["distill"]
-        teacher = self.teacher_logits(batch)
-        out = self._student()(**self._inputs(batch), labels=batch["input_ids"] if stage["ce_weight"] else None,
-                         use_cache=False)
-        loss = distillation_loss(out.logits, teacher, temperature=stage["temperature"])
-        if stage["ce_weight"]:
-            loss = loss + stage["ce_weight"] * out.loss
-        return loss
-
-    def _distill_train(self) -> str:
-        return self.config["stages"]["distill"]["train"]
-
-    def _task_loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        if self.task == "causal_lm":
-            return self._student()(**self._inputs(batch), labels=batch["input_ids"], use_cache=False).loss
-        if self.task == "sequence_classification":
-            return self._student()(**self._inputs(batch), labels=batch["labels"]).loss
-        emb = mean_pool(self._student()(**self._inputs(batch)).last_hidden_state, batch["attention_mask"])
-        target = self.teacher[batch["teacher_index"]].to(emb.device)
-        return (1 - torch.nn.functional.cosine_similarity(emb.float(), target, dim=-1)).mean()
-
-    @torch.no_grad()
-    def _teacher_embeddings(self) -> None:
-        """The original (softmax) model's pooled embedding of every training sentence the run will read."""
-        if self.task != "sentence_embedding" or hasattr(self, "teacher"):
-            return
-        data = self.config["data"]
-        total = sum(self.config["stages"][s]["steps"] for s in STAGES) * data["grad_accum"]
-        plan = BatchPlan(self.plan.n, self.plan.seed, self.plan.global_batch)  # every rank's samples
-        needed = sorted({i for j in range(total) for i in plan.indices(j * plan.global_batch)})
-        self.teacher = torch.zeros(len(self.train), self.model.config.hidden_size)
-        was_training = self.model.training
-        self.model.eval()
-        bs = max(data["batch_size"], 32)
-        with softmax_teacher():
-            for start in range(0, len(needed), bs):
-                idx = needed[start:start + bs]
-                enc = self._encode([self.train.items[i] for i in idx])
-                out = self.model(**enc).last_hidden_state
-                self.teacher[idx] = mean_pool(out, enc["attention_mask"]).float().cpu()
-        self.model.train(was_training)
 
     # ---------------------------------------------------------------- automatic layer choice
     def _calibration_batches(self) -> list[dict[str, Any]]:
@@ -341,14 +235,7 @@ class Trainer:
         bs = data["batch_size"]
         batches = []
         for s in range(0, n, bs):
-            if self.task == "causal_lm":
-                batches.append({"input_ids": rows[s:s + bs]})
-            elif self.task == "sequence_classification":
-                batch, _ = self._batch(rows, list(range(s, min(n, s + bs))))
-                batches.append(self._inputs(batch))
-            else:
-                texts = [r if isinstance(r, str) else r.text_a for r in rows[s:s + bs]]
-                batches.append(dict(self._encode(texts)))
+            batches.append(self.task_impl.calibration_batch(rows[s:min(n, s + bs)]))
         return batches
 
     def _apply_auto_layers(self) -> None:
@@ -395,7 +282,7 @@ class Trainer:
             batches = self._calibration_batches()
             data = self.config["data"]
             group = kv_group_size(self.model) if self.config["heads_share_kv"] else 1
-            if self.task == "causal_lm" and (criterion == "retrieval" or data["recall_fraction"]):
+            if criterion == "retrieval" or data["recall_fraction"]:  # causal LMs only (config checks)
                 def encode(text: str) -> list[int]:
                     return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -432,24 +319,22 @@ class Trainer:
                   f"{path})", flush=True)
 
     def _base_model(self):
-        return self.model.get_base_model() if self._is_peft() else self.model
+        return self.model.get_base_model() if self.is_peft() else self.model
 
     # ---------------------------------------------------------------- stages
     def _trains(self, stage: str) -> str:
         """What ``stage`` trains: ``kernel`` (transfer), ``lora`` or ``full``."""
-        if stage == "transfer":
-            return "kernel"
-        return self._distill_train() if stage == "distill" else stage
+        return self.stages[stage].trains()
 
     def _enter(self, stage: str) -> None:
         """Give the model the structure of ``stage`` (LoRA adapters in, or merged out)."""
         trains = self._trains(stage)
-        if trains == "lora" and not self._is_peft():
+        if trains == "lora" and not self.is_peft():
             self.model = self._wrap_lora(self.model, stage)
-        elif trains == "full" and self._is_peft():
+        elif trains == "full" and self.is_peft():
             self.model = self.model.merge_and_unload()
 
-    def _is_peft(self) -> bool:
+    def is_peft(self) -> bool:
         return type(self.model).__module__.startswith("peft")
 
     def _lora_targets(self, stage: str) -> list[str]:
@@ -471,7 +356,7 @@ class Trainer:
         from peft import LoraConfig, get_peft_model
 
         lora = self.config["stages"][stage]
-        task_type = {"causal_lm": "CAUSAL_LM", "sequence_classification": "SEQ_CLS"}.get(self.task)
+        task_type = self.task_impl.peft_task_type
         cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
                          target_modules=self._lora_targets(stage), task_type=task_type)
         torch.manual_seed(self.config["seed"] + 1)  # LoRA A matrices
@@ -480,7 +365,7 @@ class Trainer:
     def _set_trainable(self, stage: str) -> list[torch.nn.Parameter]:
         stage_cfg = self.config["stages"][stage]
         trains = self._trains(stage)
-        chosen = stage_cfg.get("target_modules") if stage == "distill" and trains == "full" else None
+        chosen = stage_cfg.get("target_modules") if trains == "full" else None  # distill's train: full
         for n, p in self.model.named_parameters():
             is_kernel = id(p) in self.kernel_params
             if trains == "kernel":
@@ -544,37 +429,9 @@ class Trainer:
         n = min(len(self.valid), data["validation_batches"] * data["batch_size"])
         bs = data["batch_size"]
         try:
-            if self.task == "causal_lm":
-                total, count = block_nll(self.model, self.valid.items[:n], bs)
-                return {"val_loss": total / count, "val_perplexity": math.exp(total / count)}
-            rows = self.valid.items[:n]
-            if self.task == "sequence_classification":
-                preds, gold = [], []
-                for s in range(0, n, bs):
-                    batch, _ = self._batch(rows, list(range(s, min(n, s + bs))))
-                    logits = self.model(**self._inputs(batch)).logits
-                    preds += (logits[:, 0] if logits.shape[-1] == 1 else logits.argmax(-1)).tolist()
-                    gold += batch["labels"].tolist()
-                scores = glue_metrics(self.config["data"]["glue_task"], preds, gold)
-                return {f"val_{name}": value for name, (value, _) in scores.items()}
-            if isinstance(rows[0], str):
-                return {}
-            sims, gold = [], []
-            for s in range(0, n, bs):
-                part = rows[s:s + bs]
-                a = self._embed([r.text_a for r in part])
-                b = self._embed([r.text_b for r in part])
-                sims += torch.nn.functional.cosine_similarity(a, b, dim=-1).tolist()
-                gold += [float(r.label) for r in part]
-            from scipy.stats import spearmanr
-
-            return {"val_spearman": 100 * float(spearmanr(sims, gold).statistic)}
+            return self.task_impl.validate(self.model, self.valid.items[:n], bs)
         finally:
             self.model.train(was_training)
-
-    def _embed(self, texts: list[str]) -> torch.Tensor:
-        enc = self._encode(texts)
-        return mean_pool(self.model(**enc).last_hidden_state, enc["attention_mask"]).float()
 
     # ---------------------------------------------------------------- main loop
     def run(self) -> Path:
@@ -603,7 +460,7 @@ class Trainer:
         if self.main:
             dump_config(cfg, self.out / "config.resolved.yaml")
         self.accelerator.init_trackers("tensorboard")
-        self._teacher_embeddings()
+        self.task_impl.before_training()
         self.t0 = time.perf_counter() - state["seconds"]
         self.cpu0 = time.process_time() - state.get("cpu_seconds", 0.0)
         active = [s for s in STAGES if cfg["stages"][s]["steps"] > 0]
@@ -642,8 +499,8 @@ class Trainer:
             state.update(stage_done=True)
             return
         acc = self.accelerator
-        self.model.train(stage != "transfer")  # transfer: the teacher and student see no dropout
-        checkpointing = cfg["gradient_checkpointing"] and stage != "transfer"  # transfer runs in eval mode
+        self.model.train(self.stages[stage].train_mode)  # transfer: the teacher and student see no dropout
+        checkpointing = cfg["gradient_checkpointing"] and self.stages[stage].train_mode  # HF: in train mode only
         if checkpointing:
             self._base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # accelerate's FSDP shards the model in every stage it prepares; ours (sharding: fsdp) the full stage
@@ -708,7 +565,7 @@ class Trainer:
                 state["position"] += self.plan.global_batch
                 tokens += batch.pop("num_tokens")
                 with acc.accumulate(net):
-                    loss = self._stage_loss(stage, batch)
+                    loss = self.stages[stage].loss(batch)
                     acc.backward(loss)
                     loss_sum += loss.item() / accum
                     if acc.sync_gradients:
@@ -775,15 +632,14 @@ class Trainer:
         full_state = sharding.full_model_state(self.model) if self.sharded else None
         if self.main:
             model = self.model
-            if self._is_peft() and self.config["merge_lora"]:
+            if self.is_peft() and self.config["merge_lora"]:
                 model = copy.deepcopy(model).merge_and_unload()
             tmp = self.out / ".tmp-final"
             shutil.rmtree(tmp, ignore_errors=True)
             try:
                 model.save_pretrained(tmp, state_dict=full_state)
                 self.tokenizer.save_pretrained(tmp)
-                if self.task == "sentence_embedding":
-                    _copy_sentence_transformers_files(Path(self.source), tmp)
+                self.task_impl.save_extras(Path(self.source), tmp)
                 write_card(tmp, self.config, getattr(model.config, "kernel_attention", None), self._final_scores(),
                            state)
             except OSError as exc:
@@ -796,38 +652,6 @@ class Trainer:
             print(f"saved the converted model to {final}", flush=True)
         self._wait()
         return final
-
-
-def _copy_sentence_transformers_files(source: Path, target: Path) -> None:
-    """Keep a sentence-transformers model usable as one: its pooling/normalisation module files."""
-    if not source.is_dir():
-        return
-    for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"):
-        if (source / name).is_file():
-            shutil.copy2(source / name, target / name)
-    for sub in source.iterdir():
-        if sub.is_dir() and sub.name[:1].isdigit() and "_" in sub.name:
-            shutil.copytree(sub, target / sub.name, dirs_exist_ok=True)
-    # every module folder modules.json names exists, even one without files of its own (Normalize)
-    for path in _module_paths(source / "modules.json"):
-        (target / path).mkdir(parents=True, exist_ok=True)
-
-
-def _module_paths(modules_json: Path) -> list[str]:
-    """The non-empty relative ``path`` entries of a sentence-transformers ``modules.json`` (none if absent)."""
-    if not modules_json.is_file():
-        return []
-    try:
-        entries = json.loads(modules_json.read_text())
-    except ValueError as exc:
-        raise ValueError(f"{modules_json} is not valid JSON ({exc}); it should list the sentence-transformers "
-                         "modules") from exc
-    paths = []
-    for entry in entries if isinstance(entries, list) else []:
-        path = entry.get("path") if isinstance(entry, dict) else None
-        if isinstance(path, str) and path and not Path(path).is_absolute() and ".." not in Path(path).parts:
-            paths.append(path)
-    return paths
 
 
 def finetune(config: dict[str, Any], resume: bool = False) -> Path:

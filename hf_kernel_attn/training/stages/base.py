@@ -1,0 +1,72 @@
+"""Training stages behind one registry: a stage is a :class:`TrainingStage` subclass decorated with
+:func:`register_stage` -- its config keys and defaults, what it trains, its loss -- in one file."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+if TYPE_CHECKING:
+    from ..trainer import Trainer
+
+STAGE_TYPES: dict[str, type[TrainingStage]] = {}
+TRAINS = ("kernel", "lora", "full")  # what a stage can train
+# every stage's keys (a stage adds its own in `defaults`)
+COMMON_DEFAULTS: dict[str, Any] = {"steps": 0, "lr": 1e-3, "max_minutes": None, "warmup_steps": 0,
+                                   "schedule": "constant", "weight_decay": 0.0, "max_grad_norm": None}
+LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": None, "train_kernel": False}
+
+
+def register_stage(cls: type[TrainingStage]) -> type[TrainingStage]:
+    """Class decorator: make ``cls`` the stage ``stages.<cls.name>`` of a finetune config, run in ``order``."""
+    if not getattr(cls, "name", None):
+        raise ValueError(f"{cls.__name__} needs a class attribute `name`")
+    STAGE_TYPES[cls.name] = cls
+    return cls
+
+
+def stage_names() -> tuple[str, ...]:
+    """The registered stages in run order."""
+    return tuple(sorted(STAGE_TYPES, key=lambda n: STAGE_TYPES[n].order))
+
+
+def _is_int(x: Any, low: int = 0) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+
+def check_lora_keys(name: str, stage: dict[str, Any]) -> str | None:
+    if not _is_int(stage["r"], 1):
+        return f"stages.{name}.r must be an integer >= 1, got {stage['r']!r}"
+    if not (isinstance(stage["alpha"], (int, float)) and not isinstance(stage["alpha"], bool) and stage["alpha"] > 0):
+        return f"stages.{name}.alpha must be > 0"
+    targets = stage["target_modules"]
+    if not (targets is None or (isinstance(targets, list) and all(isinstance(t, str) for t in targets))):
+        return f"stages.{name}.target_modules must be null or a list of module names, got {targets!r}"
+    return None
+
+
+class TrainingStage:
+    """One stage of a conversion run. ``trainer`` runs it: the model, its task (``trainer.task_impl``) and the
+    prepared training model (``trainer.student()``)."""
+
+    name: ClassVar[str] = ""
+    order: ClassVar[int] = 0  # stages run in increasing order
+    defaults: ClassVar[dict[str, Any]] = {}  # this stage's keys beyond COMMON_DEFAULTS (and their overrides)
+    train_mode: ClassVar[bool] = True  # the model's mode while it trains (dropout on)
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.cfg = trainer.config["stages"][self.name]
+
+    @classmethod
+    def check_config(cls, stage: dict[str, Any], config: dict[str, Any]) -> str | None:
+        """A problem with this stage's keys (an error message), or None."""
+        return None
+
+    def trains(self) -> str:
+        """What the stage trains: ``kernel`` (the kernels' own parameters), ``lora`` (adapters) or ``full``."""
+        raise NotImplementedError
+
+    def loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        raise NotImplementedError

@@ -1,0 +1,23 @@
+"""Full fine-tuning: every weight trains on the task loss (the kernels' parameters too, unless
+``train_kernel: false``); the stage ``sharding: fsdp`` shards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import TrainingStage, register_stage
+
+
+@register_stage
+class FullStage(TrainingStage):
+    name = "full"
+    order = 3
+    defaults = {"lr": 2e-5, "max_grad_norm": 1.0, "train_kernel": True}
+
+    def trains(self) -> str:
+        return "full"
+
+    def loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        return self.trainer.task_impl.loss(self.trainer.student(), batch)

@@ -1,0 +1,77 @@
+"""What a task brings to a conversion run, behind one registry: adding a task is one new file with a
+:class:`TrainingTask` subclass decorated with :func:`register_task`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+if TYPE_CHECKING:  # the trainer drives a task; a task only reads the trainer's model, tokenizer and config
+    from ..trainer import Trainer
+
+TASK_TYPES: dict[str, type[TrainingTask]] = {}
+
+
+def register_task(cls: type[TrainingTask]) -> type[TrainingTask]:
+    """Class decorator: make ``cls`` the task named ``cls.name`` (``task:`` in a finetune config)."""
+    if not getattr(cls, "name", None):
+        raise ValueError(f"{cls.__name__} needs a class attribute `name`")
+    TASK_TYPES[cls.name] = cls
+    return cls
+
+
+class TrainingTask:
+    """One task: its model class, data, batches, loss and held-out score.
+
+    ``items`` are what :meth:`load_data` returned (token blocks, GLUE rows, sentences); a batch is a dict of model
+    inputs plus the keys :attr:`extra_keys` names (targets the model does not take)."""
+
+    name: ClassVar[str] = ""
+    auto_class: ClassVar[str] = "AutoModel"  # the transformers Auto class that loads the model
+    peft_task_type: ClassVar[str | None] = None  # peft's TaskType for LoRA adapters
+    extra_keys: ClassVar[tuple[str, ...]] = ()  # batch keys that are not model inputs
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    @classmethod
+    def check_config(cls, config: dict[str, Any]) -> str | None:
+        """A problem with ``config`` for this task (an error message), or None."""
+        return None
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """Extra ``from_pretrained`` arguments (a classification head's labels)."""
+        return {}
+
+    def load_data(self) -> tuple[Any, Any]:
+        """(training split, held-out split)."""
+        raise NotImplementedError
+
+    def batch(self, items: Any, idx: list[int]) -> tuple[dict[str, Any], int]:
+        """Model inputs (and targets) for samples ``idx`` of ``items``, and their number of real tokens."""
+        raise NotImplementedError
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        """The task loss of ``model`` (the prepared training model) on ``batch``."""
+        raise NotImplementedError
+
+    def validate(self, model: torch.nn.Module, rows: Any, batch_size: int) -> dict[str, float]:
+        """Held-out scores (``val_*``) of ``model`` on ``rows``."""
+        raise NotImplementedError
+
+    def calibration_batch(self, rows: Any) -> dict[str, Any]:
+        """Model inputs for held-out ``rows`` (the automatic layer and head choices measure on them)."""
+        batch, _ = self.batch(rows, list(range(len(rows))))
+        return self.inputs(batch)
+
+    def before_training(self) -> None:
+        """Work done once before the first stage (targets computed with the original model)."""
+
+    def save_extras(self, source: Path, target: Path) -> None:
+        """Files the converted model folder ``target`` needs besides the model and tokenizer (from ``source``)."""
+
+    def inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The model inputs of ``batch``."""
+        return {k: v for k, v in batch.items() if k not in self.extra_keys and k != "num_tokens"}
