@@ -512,3 +512,28 @@ def test_sequence_classification(tiny_bert, tmp_path):
     assert "val_accuracy" in val[-1]
     model = AutoModelForSequenceClassification.from_pretrained(final)
     assert model.config.num_labels == 2 and model.config.kernel_attention["kernel"] == "gaussian"
+
+
+def test_a_task_of_ones_own_is_one_module(tiny_llama, tmp_path, monkeypatch):
+    """A TrainingTask subclass registered in a module the config imports is the run's task: its loss (here twice
+    the causal LM loss) is what the first step logs, against a stock causal_lm run of the same samples."""
+    (tmp_path / "double_lm.py").write_text(
+        "from hf_kernel_attn.training import register_task\n"
+        "from hf_kernel_attn.training.tasks.causal_lm import CausalLMTask\n\n\n"
+        "@register_task\nclass DoubleLM(CausalLMTask):\n    name = 'double_lm'\n\n"
+        "    def loss(self, model, batch):\n        return 2 * super().loss(model, batch)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from hf_kernel_attn.training import Trainer
+    from hf_kernel_attn.training.tasks import TASK_TYPES
+
+    common = {"stages.transfer.steps": 0, "stages.lora.steps": 1, "validate": False}
+    try:
+        for name, extra in {"plain": {}, "double": {"task": "double_lm", "imports": ["double_lm"]}}.items():
+            cfg = lm_config(tiny_llama, tmp_path / name, **common, **extra)
+            Trainer(load_config(write_config(tmp_path / f"{name}.yaml", cfg))).run()
+    finally:
+        TASK_TYPES.pop("double_lm", None)
+    assert read_log(tmp_path / "double")[0]["loss"] == pytest.approx(2 * read_log(tmp_path / "plain")[0]["loss"],
+                                                                      rel=1e-5)
+    with pytest.raises(ConfigError, match="task must be one of"):
+        load_config(write_config(tmp_path / "bad.yaml", lm_config(tiny_llama, tmp_path / "x", task="double_lm")))

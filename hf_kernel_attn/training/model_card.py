@@ -10,12 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from .config import STAGES
+from .tasks import TASK_TYPES
 
 CARD_FILE = "README.md"
-_TASK_TYPE = {"causal_lm": "text-generation", "sequence_classification": "text-classification",
-              "sentence_embedding": "sentence-similarity"}
-_AUTO = {"causal_lm": "AutoModelForCausalLM", "sequence_classification": "AutoModelForSequenceClassification",
-         "sentence_embedding": "AutoModel"}
 _METRICS = {"val_perplexity": "perplexity", "val_loss": "loss", "val_spearman": "spearmanr", "val_accuracy": "accuracy",
             "val_f1": "f1", "val_matthews_correlation": "matthews_correlation", "val_pearson": "pearsonr"}
 
@@ -33,6 +30,7 @@ def card_metadata(config: dict[str, Any], kernel_attention: dict[str, Any] | Non
     from huggingface_hub import EvalResult, ModelCardData
 
     kernel = config["kernel"]
+    task = TASK_TYPES[config["task"]]
     base = config.get("base_model_id") or _hub_id(config["model"])
     train = config["data"]["train"]
     datasets = [train] if isinstance(train, str) and _hub_id(train) else None
@@ -41,16 +39,15 @@ def card_metadata(config: dict[str, Any], kernel_attention: dict[str, Any] | Non
     if params.get("window"):
         tags.append("sliding-window-hybrid")
     results = [
-        EvalResult(task_type=_TASK_TYPE[config["task"]], dataset_type="held-out",
-                   dataset_name="held-out end of the training text" if config["task"] == "causal_lm"
-                   else "held-out training rows", metric_type=_METRICS.get(name, name.removeprefix("val_")),
+        EvalResult(task_type=task.hub_task, dataset_type="held-out", dataset_name=task.held_out_name,
+                   metric_type=_METRICS.get(name, name.removeprefix("val_")),
                    metric_value=round(float(value), 4), dataset_split="validation")
         for name, value in scores.items()
     ]
     name = f"{Path(config['output_dir']).name}"
     return ModelCardData(base_model=base, library_name="transformers", tags=tags, datasets=datasets,
                          model_name=name, eval_results=results or None,
-                         pipeline_tag=_TASK_TYPE[config["task"]] if config["task"] != "sentence_embedding" else None)
+                         pipeline_tag=task.pipeline_tag)
 
 
 def render_card(config: dict[str, Any], kernel_attention: dict[str, Any] | None, scores: dict[str, float],
@@ -86,7 +83,7 @@ Load it with `transformers` (the plugin must be installed, or pass `trust_remote
 
 ```python
 import hf_kernel_attn, transformers
-model = transformers.{_AUTO[config['task']]}.from_pretrained("PATH")
+model = transformers.{TASK_TYPES[config['task']].auto_class}.from_pretrained("PATH")
 ```
 
 ## Recipe

@@ -32,6 +32,9 @@ class TrainingTask:
     auto_class: ClassVar[str] = "AutoModel"  # the transformers Auto class that loads the model
     peft_task_type: ClassVar[str | None] = None  # peft's TaskType for LoRA adapters
     extra_keys: ClassVar[tuple[str, ...]] = ()  # batch keys that are not model inputs
+    hub_task: ClassVar[str] = "feature-extraction"  # the model card's task type
+    pipeline_tag: ClassVar[str | None] = None  # the model card's pipeline tag
+    held_out_name: ClassVar[str] = "held-out training rows"  # the model card's name for the validation data
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer

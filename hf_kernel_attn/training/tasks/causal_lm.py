@@ -16,6 +16,9 @@ from .base import TrainingTask, register_task
 class CausalLMTask(TrainingTask):
     name = "causal_lm"
     auto_class = "AutoModelForCausalLM"
+    hub_task = "text-generation"
+    pipeline_tag = "text-generation"
+    held_out_name = "held-out end of the training text"
     peft_task_type = "CAUSAL_LM"
 
     def load_data(self) -> tuple[Any, Any]:

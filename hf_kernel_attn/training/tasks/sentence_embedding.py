@@ -20,6 +20,7 @@ from .base import TrainingTask, register_task
 class SentenceEmbeddingTask(TrainingTask):
     name = "sentence_embedding"
     auto_class = "AutoModel"
+    hub_task = "sentence-similarity"
     extra_keys = ("teacher_index",)
 
     def load_data(self) -> tuple[Any, Any]:

@@ -15,6 +15,8 @@ from .base import TrainingTask, register_task
 class SequenceClassificationTask(TrainingTask):
     name = "sequence_classification"
     auto_class = "AutoModelForSequenceClassification"
+    hub_task = "text-classification"
+    pipeline_tag = "text-classification"
     peft_task_type = "SEQ_CLS"
     extra_keys = ("labels",)
 
