@@ -393,12 +393,16 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     from hf_kernel_attn.training.checkpoint import CheckpointWriteError
+    from hf_kernel_attn.training.hub import HubUploadError
 
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, CheckpointWriteError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except HubUploadError as exc:  # the run itself finished: final/ is saved
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

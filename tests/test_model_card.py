@@ -52,3 +52,41 @@ def test_eval_update_card_adds_model_index_results(tiny_llama, tmp_path, capsys)
     assert results[0].metric_value == round(record["value"], 6) and results[0].dataset_name == "wikitext2 (first 2)"
     assert main(["eval", "--model", str(tiny_llama), "--tasks", "wikitext2", "--update-card"]) == 2
     assert "no model card" in capsys.readouterr().err
+
+
+def test_push_to_hub_uploads_the_final_folder_and_fails_clearly_offline(tiny_llama, tmp_path, monkeypatch):
+    """push_to_hub: the Hub client (a local stand-in for HfApi) gets one repo and one upload of final/, which
+    holds the weights and the model card; offline, the CLI names the repo and the saved folder (exit 1)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import huggingface_hub
+
+    calls = []
+
+    class StandIn:
+        def __init__(self, token=None):
+            pass
+
+        def create_repo(self, repo_id, private=False, exist_ok=False):
+            calls.append(("create", repo_id, private, exist_ok))
+            return f"https://huggingface.co/{repo_id}"
+
+        def upload_folder(self, repo_id, folder_path, commit_message=None):
+            calls.append(("upload", repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", StandIn)
+    hub = {"kernel": "elu", "stages.transfer.steps": 0, "stages.lora.steps": 1, "validate": False,
+           "push_to_hub": True, "hub_model_id": "me/tiny-elu", "hub_private_repo": True}
+    Trainer(load_config(write_config(tmp_path / "c.yaml", lm_config(tiny_llama, tmp_path / "o", **hub)))).run()
+    assert calls[0] == ("create", "me/tiny-elu", True, True)
+    assert calls[1][:2] == ("upload", "me/tiny-elu")
+    assert {"README.md", "config.json", "model.safetensors"} <= set(calls[1][2])
+    path = write_config(tmp_path / "off.yaml", lm_config(tiny_llama, tmp_path / "offline", **hub))
+    proc = subprocess.run([sys.executable, "-m", "hf_kernel_attn.cli", "finetune", str(path)], capture_output=True,
+                          text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "me/tiny-elu" in proc.stderr and "huggingface-cli upload" in proc.stderr
+    assert (tmp_path / "offline" / "final" / "model.safetensors").is_file()

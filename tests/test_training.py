@@ -107,6 +107,8 @@ def test_config_defaults_and_overrides(tmp_path):
         ("gradient_checkpointing=1", "gradient_checkpointing must be true or false"),
         ("config_overrides=3", "config_overrides must be a mapping"),
         ("lr_scheduler_type=cosine_restarts", "schedule must be one of"),
+        ("hub_model_id=a/b/c", "hub_model_id must be 'owner/name' or 'name'"),
+        ("push_to_hub=maybe", "push_to_hub must be true or false"),
         ("stages=3", "is a section"),
         ("novalue", "--set expects KEY=VALUE"),
     ],

@@ -67,6 +67,9 @@ DEFAULTS: dict[str, Any] = {
                                  # null: the launcher's (accelerate config), else no; the resolved config saves it
     "gradient_checkpointing": False,  # recompute each layer in backward (distill, lora, full)
     "sharding": "none",          # none | fsdp: the full stage sharded with FSDP2 over the processes
+    "push_to_hub": False,        # upload final/ (model, tokenizer, model card) to hub_model_id when the run ends
+    "hub_model_id": None,        # owner/name (or name, under your account); default: output_dir's name
+    "hub_private_repo": False,
 }
 # transformers.TrainingArguments names, read as the keys they stand for
 ALIASES = {"per_device_train_batch_size": "data.batch_size", "gradient_accumulation_steps": "data.grad_accum",
@@ -352,6 +355,11 @@ def validate(config: dict[str, Any]) -> None:
     _check(config["sharding"] == "none" or config["stages"]["full"]["steps"] > 0,
            "sharding: fsdp shards the full stage (full fine-tuning); set stages.full.steps, or sharding: none "
            "(transfer and LoRA train few weights: every process keeps a replica)")
+    for key in ("push_to_hub", "hub_private_repo"):
+        _check(isinstance(config[key], bool), f"{key} must be true or false, got {config[key]!r}")
+    hub_id = config["hub_model_id"]
+    _check(hub_id is None or (isinstance(hub_id, str) and 0 < hub_id.count("/") + 1 <= 2 and all(hub_id.split("/"))),
+           f"hub_model_id must be 'owner/name' or 'name', got {hub_id!r}")
     _check(config["budget_clock"] in BUDGET_CLOCKS,
            f"budget_clock must be one of {list(BUDGET_CLOCKS)}, got {config['budget_clock']!r}")
     _check(_is_int(config["seed"]), f"seed must be an integer >= 0, got {config['seed']!r}")

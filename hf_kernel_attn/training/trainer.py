@@ -53,6 +53,7 @@ from . import sharding
 from .config import STAGES, dump_config
 from .data import BatchPlan, PlanBatches, SampleIndex, check_training_data
 from .events import reached
+from .hub import push_folder
 from .model_card import write_card
 from .recall_data import recall_block_spans, recall_span_targets
 from .schedules import make_scheduler
@@ -650,6 +651,10 @@ class Trainer:
                 shutil.rmtree(final)
             os.replace(tmp, final)
             print(f"saved the converted model to {final}", flush=True)
+            if self.config["push_to_hub"]:
+                repo = self.config["hub_model_id"] or self.out.resolve().name
+                url = push_folder(final, repo, private=self.config["hub_private_repo"])
+                print(f"pushed {final} to {url}", flush=True)
         self._wait()
         return final
 
