@@ -27,6 +27,7 @@ for preset in "${presets[@]}"; do
   for job in minilm smollm2; do
     args=("${minilm[@]}"); [ $job = smollm2 ] && args=("${smollm2[@]}")
     [ $job = smollm2 ] && [ $preset = gpu-fsdp ] && continue  # FSDP: the full fine-tune
+    [ $preset = gpu-fsdp ] && args+=(--set stages.transfer.steps=0)  # accelerate's FSDP runs the full stage alone
     run="$out/$preset-$job"
     rm -rf "$run"
     timeout 240 accelerate launch --config_file "configs/accelerate/$preset.yaml" --num_processes "$gpus" \

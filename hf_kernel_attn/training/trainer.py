@@ -465,6 +465,10 @@ class Trainer:
         self.t0 = time.perf_counter() - state["seconds"]
         self.cpu0 = time.process_time() - state.get("cpu_seconds", 0.0)
         active = [s for s in STAGES if cfg["stages"][s]["steps"] > 0]
+        if self.accelerate_fsdp and active != ["full"]:
+            raise ValueError(f"accelerate's FSDP shards the model once and for good, so it runs the full stage alone "
+                             f"here; this run's stages are {active}: set the other stages' steps to 0 (or run them "
+                             "first under configs/accelerate/gpu-ddp.yaml and convert the result)")
         done_before = active.index(state["stage"]) if state["stage"] in active else -1
         if resume_from is None and cfg["validate"]:
             self._log_validation(state, "start")
