@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-sentences", type=int, default=None, help="train on the first N sentences (default: all)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.model is None:
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
 
     tok = AutoTokenizer.from_pretrained(args.model)
     model = hf_kernel_attn.from_pretrained(args.model, kernel="gaussian", projection="full", model_class=AutoModel)
-    texts = stsb_sentences(Path(args.data_dir) / "stsb" / "train.tsv")
+    texts = stsb_sentences(Path(args.data_dir) / "stsb" / "train.tsv")[: args.max_sentences]
     data = Dataset.from_dict(dict(tok(texts, truncation=True, max_length=128)))
     collate = DataCollatorWithPadding(tok)
     common = {"per_device_train_batch_size": args.batch_size, "report_to": [], "save_strategy": "no",

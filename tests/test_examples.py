@@ -47,7 +47,7 @@ def test_stock_trainer_example_moves_minilm_toward_the_original(minilm_dir, tmp_
 
     out = tmp_path / "minilm-trainer"
     _run("trainer_attention_transfer.py", "--data-dir", str(DATA), "--output", str(out), "--transfer-steps", "4",
-         "--full-steps", "6", "--batch-size", "8")
+         "--full-steps", "6", "--batch-size", "8", "--max-sentences", "200")
     tok = AutoTokenizer.from_pretrained(minilm_dir)
     texts = _held_out_sentences(24)
     original = _embeddings(AutoModel.from_pretrained(minilm_dir, attn_implementation="eager").eval(), tok, texts)
