@@ -1,6 +1,6 @@
 """Packed rows (several documents in one row, position_ids restarting at each, no padding; what TRL's flattening
 collator produces): every kernel attends within each document only, so a packed row equals the documents run
-alone; gradients flow; a caching forward of packed rows keeps no recurrent state."""
+alone, in the forward and in the gradients; a caching forward of packed rows keeps no recurrent state."""
 
 from __future__ import annotations
 
@@ -42,6 +42,20 @@ def test_packed_row_equals_documents_alone(tiny_llama, case):
         unpacked = model(packed, use_cache=False).logits
     torch.testing.assert_close(got, alone, atol=2e-5, rtol=1e-4)
     assert (unpacked[:, DOCS[0]:] - alone[:, DOCS[0]:]).abs().max() > 1e-3  # positive control: the boundary matters
+    # backward: the gradient of a weighted sum of the packed row's logits is the sum of the documents' gradients
+    weights = torch.randn(alone.shape, generator=gen)
+    model.zero_grad()
+    (model(packed, position_ids=positions, use_cache=False).logits * weights).sum().backward()
+    packed_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    for doc, w in zip(docs, weights.split(DOCS, 1), strict=True):
+        (model(doc, use_cache=False).logits * w).sum().backward()
+    alone_grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert packed_grads.keys() == alone_grads.keys() and packed_grads
+    for name, grad in alone_grads.items():  # within 1e-5 of the gradient's scale (fp32 sums in another order)
+        err = float((packed_grads[name] - grad).abs().max())
+        assert err <= 1e-5 * float(grad.abs().max()) + 1e-7, (name, err, float(grad.abs().max()))
+    model.zero_grad()
     # two packed rows with different boundaries in one batch; gradients flow through every document
     other = torch.cat([torch.arange(10), torch.arange(14)])[None]
     batch = torch.cat([packed, packed.flip(1)], 0)
