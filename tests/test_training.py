@@ -496,8 +496,11 @@ def test_sentence_embedding_distillation(tiny_bert, tmp_path):
     assert model.config.kernel_attention["kernel"] == "elu"
 
 
-def test_sequence_classification(tiny_bert, tmp_path):
-    cfg = {
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_sequence_classification(tiny_bert, tmp_path, precision):
+    """Transfer then LoRA on SST-2; under bf16 autocast too, after which the model's forward is its class's again
+    (transformers' decorators included: PEFT's classification wrapper passes return_dict)."""
+    cfg = {"mixed_precision": precision,
         "model": str(tiny_bert), "task": "sequence_classification", "kernel": "gaussian",
         "data": {"train": [str(SST2)], "glue_task": "sst2", "seq_len": 32, "batch_size": 8,
                  "validation_batches": 4},
@@ -514,6 +517,7 @@ def test_sequence_classification(tiny_bert, tmp_path):
     assert "val_accuracy" in val[-1]
     model = AutoModelForSequenceClassification.from_pretrained(final)
     assert model.config.num_labels == 2 and model.config.kernel_attention["kernel"] == "gaussian"
+    assert yaml.safe_load((tmp_path / "o" / "config.resolved.yaml").read_text())["mixed_precision"] == precision
 
 
 def test_a_task_of_ones_own_is_one_module(tiny_llama, tmp_path, monkeypatch):

@@ -78,15 +78,20 @@ class Trainer:
 
     def __init__(self, config: dict[str, Any], resume: bool = False) -> None:
         from accelerate import Accelerator, DataLoaderConfiguration, DistributedType
+        from accelerate.state import AcceleratorState
 
         self.config = config
         self.out = Path(config["output_dir"])
         self.resume = resume
         if config["threads"]:
             torch.set_num_threads(int(config["threads"]))
+        # the run's precision is its own, not the one an earlier Accelerator of this process (a Trainer) left in
+        # accelerate's process-wide state (the process group and device stay)
+        AcceleratorState._reset_state()
+        precision = config["mixed_precision"] or os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(), log_with=self._trackers(), project_dir=str(self.out),
-            mixed_precision=config["mixed_precision"], gradient_accumulation_steps=config["data"]["grad_accum"],
+            mixed_precision=precision, gradient_accumulation_steps=config["data"]["grad_accum"],
             dataloader_config=DataLoaderConfiguration(split_batches=True))
         self.config["mixed_precision"] = str(self.accelerator.mixed_precision)  # what runs (launcher's if null)
         self.device = self.accelerator.device
@@ -540,7 +545,7 @@ class Trainer:
         finally:
             self.net = None
             if not (self.sharded and not self.accelerate_fsdp):
-                self.model = acc.unwrap_model(net, keep_fp32_wrapper=False)
+                self.model = _unwrap(acc, net)
             acc.free_memory()
             if checkpointing:
                 self._base_model().gradient_checkpointing_disable()
@@ -661,6 +666,20 @@ class Trainer:
                 print(f"pushed {final} to {url}", flush=True)
         self._wait()
         return final
+
+
+def _unwrap(accelerator, net: torch.nn.Module) -> torch.nn.Module:
+    """The model inside a prepared ``net`` with its own forward back. accelerate's ``keep_fp32_wrapper=False``
+    unwraps every ``__wrapped__`` layer, which strips transformers' own decorators from ``forward`` too (its
+    ``return_dict`` handling); the autocast wrapper is dropped here by restoring the saved forward instead."""
+    model = accelerator.unwrap_model(net)
+    original = model.__dict__.pop("_original_forward", None)
+    if original is not None:
+        if getattr(original, "__func__", None) is getattr(type(model), "forward", None):
+            model.__dict__.pop("forward", None)  # the class's forward again
+        else:
+            model.forward = original
+    return model
 
 
 def finetune(config: dict[str, Any], resume: bool = False) -> Path:
