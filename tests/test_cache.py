@@ -33,7 +33,7 @@ def smollm2_batch(smollm2_tok):
 def test_state_cache_generation_matches_recomputation(kernel, smollm2, smollm2_batch, fresh):
     fresh(smollm2)
     hf_kernel_attn.patch(smollm2, kernel=kernel)
-    seq_c, logit_c, seq_f, logit_f = generate_both(smollm2, smollm2_batch, 12)
+    seq_c, logit_c, seq_f, logit_f = generate_both(smollm2, smollm2_batch, 6)
     assert torch.equal(seq_c, seq_f)
     # fp32 accumulation order differs between the chunked and the recurrent form: ~1e-4 relative noise
     assert (logit_c - logit_f).abs().max().item() <= 5e-4 * logit_f.abs().max().item()
@@ -61,7 +61,7 @@ def test_hybrid_model_generates_like_recomputation(smollm2, smollm2_batch, fresh
     cache = RecurrentStateCache(smollm2)
     kinds = [type(layer).__name__ for layer in cache.layers]
     assert kinds[0] == kinds[-1] == "DynamicLayer" and set(kinds[1:-1]) == {"RecurrentStateLayer"}
-    seq_c, logit_c, seq_f, logit_f = generate_both(smollm2, smollm2_batch, 12)
+    seq_c, logit_c, seq_f, logit_f = generate_both(smollm2, smollm2_batch, 6)
     assert torch.equal(seq_c, seq_f)
     assert (logit_c - logit_f).abs().max().item() <= 5e-4 * logit_f.abs().max().item()
 

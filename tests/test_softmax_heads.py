@@ -78,9 +78,9 @@ def test_bad_softmax_heads():
             build_kernel("hedgehog", LayerShape(4, 2, 8, 0, 128), params)
 
 
-def test_smollm2_softmax_heads_generation_after_2k_prompt(smollm2, smollm2_tok, fresh):
+def test_smollm2_softmax_heads_generation_after_1k_prompt(smollm2, smollm2_tok, fresh):
     """hedgehog + window 64 + sinks 4 with two exact heads in layer 5 and one in layer 20 (per-layer options):
-    cached greedy generation (32 tokens after 2,048) = recomputation; the exact heads' K/V grow with the context,
+    cached greedy generation (16 tokens after 1,024) = recomputation; the exact heads' K/V grow with the context,
     nothing else does."""
     fresh(smollm2)
     base = {"window": 64, "sinks": 4}
@@ -89,20 +89,20 @@ def test_smollm2_softmax_heads_generation_after_2k_prompt(smollm2, smollm2_tok, 
     hf_kernel_attn.patch(smollm2, kernel="hedgehog", layers=layers, **base)
     text = open(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "wikitext-2-raw",
                              "wiki.valid.raw")).read()[30000:50000]
-    ids = smollm2_tok(text, return_tensors="pt").input_ids[:, :2048]
+    ids = smollm2_tok(text, return_tensors="pt").input_ids[:, :1024]
     with torch.no_grad():
-        seq = smollm2.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, min_new_tokens=32,
+        seq = smollm2.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, min_new_tokens=16,
                                do_sample=False)
         logits = smollm2(seq[:, :-1], use_cache=False).logits
-    assert torch.equal(logits[0, 2047:].argmax(-1), seq[0, 2048:])
+    assert torch.equal(logits[0, 1023:].argmax(-1), seq[0, 1024:])
     sizes = {}
     with torch.no_grad():
-        for n in (1024, 2048):
+        for n in (512, 1024):
             cache = RecurrentStateCache(smollm2)
             smollm2(ids[:, :n], cache=cache, use_cache=True)
             sizes[n] = cache.nbytes()
     # layer 5 keeps KV heads 0 and 1, layer 20 KV head 2: 3 KV heads × 64 dims × (K + V) × fp32, + the real flags
-    assert sizes[2048] - sizes[1024] == 1024 * (3 * 64 * 2 * 4 + 2)
+    assert sizes[1024] - sizes[512] == 512 * (3 * 64 * 2 * 4 + 2)
 
 
 def test_head_choice_errors_and_choice_against_a_per_head_brute_force(tiny_llama):
