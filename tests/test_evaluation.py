@@ -151,7 +151,7 @@ def test_our_lm_eval_model_equals_stock_hf(smollm2_dir, tmp_path):
     """`--model hf-kernel-attn kernel=softmax` and lm-eval's stock `--model hf` on the same local tasks."""
     data = _piqa_fixture(tmp_path / "data")
     tasks = local_task_dir(["arc_easy", "piqa", "lambada_openai"], data, "validation", tmp_path / "tasks")
-    common = ["--tasks", "arc_easy,piqa,lambada_openai", "--include_path", str(tasks), "--limit", "4",
+    common = ["--tasks", "arc_easy,piqa,lambada_openai", "--include_path", str(tasks), "--limit", "2",
               "--batch_size", "1"]
     ours = _lm_eval(["--model", "hf-kernel-attn", "--model_args", f"pretrained={smollm2_dir},kernel=softmax",
                      *common], tmp_path / "ours")
