@@ -1,7 +1,7 @@
 """Brute-force float64 references for every attention kernel in ``hf_kernel_attn.kernels``.
 
 Each reference is written from the paper formula (see docs/kernels.md and the kernel docstrings),
-independently of the package: it never calls a kernel's feature functions, ``linear.py`` or SDPA.
+independently of the package: it never calls a kernel's feature functions, ``kernels/linear/`` or SDPA.
 Only learnable / random *parameters* (hedgehog weights, performer ω, dijiang projection and
 log γ, gaussian / cosine log gains and q/k projections) are read from the kernel module; the learnable
 ones are read without detaching, so autograd through a reference gives their gradients too.

@@ -13,7 +13,7 @@ import torch
 import hf_kernel_attn
 from hf_kernel_attn.integration.branches import linear_branch_off, normaliser_shares, window_only_config
 from hf_kernel_attn.kernels.base import group_queries
-from hf_kernel_attn.kernels.window import branch_normalisers
+from hf_kernel_attn.kernels.linear.window import branch_normalisers
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import reference as ref  # noqa: E402
 
 from hf_kernel_attn.kernels import KERNELS, LayerShape, build_kernel  # noqa: E402
-from hf_kernel_attn.kernels.feature_maps import EluKernel, positive_elu  # noqa: E402
+from hf_kernel_attn.kernels.feature_maps.elu import EluKernel, positive_elu  # noqa: E402
 
 ALL = sorted(KERNELS)
 LINEAR = sorted(n for n, c in KERNELS.items() if c.is_linear)

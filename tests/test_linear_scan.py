@@ -17,7 +17,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import reference as ref  # noqa: E402
 from test_kernels import LINEAR, SCALING, make_inputs, make_kernel, make_mask  # noqa: E402
 
-from hf_kernel_attn.kernels import feature_maps, linear  # noqa: E402
+from hf_kernel_attn.kernels import linear  # noqa: E402
+from hf_kernel_attn.kernels.feature_maps import performer, taylor  # noqa: E402
+from hf_kernel_attn.kernels.linear import cost  # noqa: E402
 
 f64 = torch.float64
 
@@ -152,7 +154,7 @@ def test_kernel_gradients_match_reference(name, causal, nm, padded):
 @pytest.fixture
 def tiny_blocks(monkeypatch):
     """One chunk per block, so the no-grad causal path crosses many blocks."""
-    monkeypatch.setattr(feature_maps, "BLOCK_FEATURE_VALUES", 1)
+    monkeypatch.setattr(cost, "BLOCK_FEATURE_VALUES", 1)
 
 
 @pytest.mark.parametrize("name", LINEAR)
@@ -209,7 +211,7 @@ def test_state_gradient_through_kernel():
 def test_taylor_feature_backward_gradcheck():
     """The hand-written backward of the Taylor feature map against finite differences."""
     xs = torch.randn(2, 3, 5, dtype=f64, requires_grad=True)
-    assert torch.autograd.gradcheck(feature_maps.TaylorFeatures.apply, (xs,))
+    assert torch.autograd.gradcheck(taylor.TaylorFeatures.apply, (xs,))
 
 
 @pytest.mark.parametrize("is_query", [True, False], ids=["query", "key"])
@@ -222,11 +224,11 @@ def test_performer_feature_backward_gradcheck(is_query):
     if not is_query:
         omega[0] = 12 * omega[0] / omega[0].norm()  # max over x of ω₀ᵀx - s||x||²/2 is 144 at x = 24 ω̂₀
         x[0, 0] = 24 * omega[0] / omega[0].norm()
-        _, uncapped = feature_maps._positive_random_features(x, omega, 0.5, False, 7, 1e-3)
+        _, uncapped = performer._positive_random_features(x, omega, 0.5, False, 7, 1e-3)
         assert not uncapped[0, 0, 0] and uncapped.sum() > 0
     x.requires_grad_(True)
 
     def fn(t):
-        return feature_maps.PositiveRandomFeatures.apply(t, omega, 0.5, is_query, 7, 1e-3)
+        return performer.PositiveRandomFeatures.apply(t, omega, 0.5, is_query, 7, 1e-3)
 
     assert torch.autograd.gradcheck(fn, (x,))

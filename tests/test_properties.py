@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import reference as ref  # noqa: E402
 from test_kernels import make_kernel  # noqa: E402
 
-from hf_kernel_attn.kernels import KERNELS, feature_maps  # noqa: E402
+from hf_kernel_attn.kernels import KERNELS  # noqa: E402
+from hf_kernel_attn.kernels.linear import cost  # noqa: E402
 
 ALL = sorted(KERNELS)
 LINEAR = sorted(n for n, c in KERNELS.items() if c.is_linear)
@@ -121,13 +122,13 @@ def cases(draw: st.DrawFn, names: list[str]) -> Case:
 @contextlib.contextmanager
 def block_size(tiny: bool) -> Iterator[None]:
     """tiny: one chunk per block, so the no-grad causal path crosses many blocks."""
-    old = feature_maps.BLOCK_FEATURE_VALUES
+    old = cost.BLOCK_FEATURE_VALUES
     if tiny:
-        feature_maps.BLOCK_FEATURE_VALUES = 1
+        cost.BLOCK_FEATURE_VALUES = 1
     try:
         yield
     finally:
-        feature_maps.BLOCK_FEATURE_VALUES = old
+        cost.BLOCK_FEATURE_VALUES = old
 
 
 def tensors(c: Case, n: int | None = None, m: int | None = None):

@@ -18,7 +18,8 @@ from test_kernels import make_mask  # noqa: E402
 
 import hf_kernel_attn  # noqa: E402
 from hf_kernel_attn.integration.cache import RecurrentStateCache, RecurrentStateLayer  # noqa: E402
-from hf_kernel_attn.kernels import KERNELS, LayerShape, build_kernel, window  # noqa: E402
+from hf_kernel_attn.kernels import KERNELS, LayerShape, build_kernel  # noqa: E402
+from hf_kernel_attn.kernels.linear import cost  # noqa: E402
 
 FEATURE_MAPS = sorted(n for n, c in KERNELS.items() if c.is_linear)
 D, DV = 8, 5
@@ -84,7 +85,7 @@ def assert_gradients_match(kern, n, causal=True, seed=2):
 def test_against_brute_force(name, window_size, causal, monkeypatch):
     """GQA 4/2, with and without key padding, N = M and N < M, Dv = D and Dv ≠ D; several chunks, and
     (no grad) several blocks of chunks."""
-    monkeypatch.setattr(window, "BAND_SCORE_VALUES", 4096)  # blocks of one or two chunks
+    monkeypatch.setattr(cost, "BAND_SCORE_VALUES", 4096)  # blocks of one or two chunks
     kern = make(name, window_size)
     for n, m, dv in [(150, 150, D), (9, 90, DV), (70, 70, DV)]:
         q, k, v = inputs(2, 4, 2, n, m, dv=dv)

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from test_window import assert_gradients_match, compare, inputs, make, padding  # noqa: E402
 
-from hf_kernel_attn.kernels import window  # noqa: E402
+from hf_kernel_attn.kernels.linear import cost  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["elu", "dijiang", "hedgehog", "cosformer"])
@@ -23,7 +23,7 @@ from hf_kernel_attn.kernels import window  # noqa: E402
 def test_sinks_against_brute_force(name, window_size, sinks, causal, monkeypatch):
     """GQA 4/2, key padding (the sinks are each row's first real keys), N = M and N < M, several chunks and
     blocks."""
-    monkeypatch.setattr(window, "BAND_SCORE_VALUES", 4096)
+    monkeypatch.setattr(cost, "BAND_SCORE_VALUES", 4096)
     kern = make(name, window_size, sinks=sinks)
     for n, m in [(90, 90), (9, 70)]:
         q, k, v = inputs(2, 4, 2, n, m)

@@ -2,7 +2,7 @@
 and build the window-only model of the same weights.
 
 For a hybrid layer (a feature-map kernel with ``window=W``) the normaliser of query i is
-window_i + far_i, window_i = Σ_{j∈win(i)} e^{s q·k}, far_i = λ Σ_{j∉win(i)} w_ij φ(q)·φ(k) (kernels/window.py);
+window_i + far_i, window_i = Σ_{j∈win(i)} e^{s q·k}, far_i = λ Σ_{j∉win(i)} w_ij φ(q)·φ(k) (kernels/linear/window.py);
 far / (window + far) is the share of attention weight the feature map carries.
 """
 
@@ -18,7 +18,7 @@ from torch import nn
 from ..config import KernelAttentionConfig, LayerChoice
 from ..kernels import LinearKernel
 from ..kernels.base import group_queries
-from ..kernels.window import branch_normalisers
+from ..kernels.linear.window import branch_normalisers
 from .attention import KERNEL_ATTR
 from .patching import apply_config, attention_modules, kernel_config
 

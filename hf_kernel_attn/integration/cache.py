@@ -25,7 +25,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from ..kernels import Kernel, LinearKernel
-from ..kernels.linear import LinearState
+from ..kernels.linear.state import LinearState
 from ..kernels.softmax import SoftmaxKernel, banded_attention, gather_keys, sink_slots
 from .attention import KERNEL_ATTR, packed_segments
 from .modules import attention_modules

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import torch
 
-from .feature_maps import LinearKernel
+from .feature_maps.base import LinearKernel
 
 
 class FeatureMapKernel(LinearKernel):

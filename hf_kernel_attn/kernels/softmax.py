@@ -9,7 +9,7 @@ Options ``window`` / ``sinks`` restrict it to a sliding window plus attention si
     vis(i) = {j real : p_i - W < j ≤ p_i} ∪ {j ∈ sinks : j ≤ p_i}          (causal)
     vis(i) = {j real : |p_i - j| < W} ∪ sinks                                 (bidirectional)
 
-with p_i = i + M - N (bottom-right alignment, the same window as the feature-map hybrid in ``window.py``)
+with p_i = i + M - N (bottom-right alignment, the same window as the feature-map hybrid in ``linear/window.py``)
 and ``sinks`` the first S real (``key_mask`` True) keys of each row (StreamingLLM: Xiao et al., ICLR 2024,
 "Efficient Streaming Language Models with Attention Sinks"). Positions are not re-indexed: the model's
 own (RoPE) positions stay as they are; the window only decides which keys are visible. Queries are cut into

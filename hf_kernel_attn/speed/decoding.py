@@ -16,7 +16,7 @@ from ..integration.modules import attention_modules
 from ..integration.swap import patch
 from ..kernels import SOFTMAX, is_softmax, kernel_class
 from ..kernels.base import accum
-from ..kernels.linear import LinearState, SinkSet
+from ..kernels.linear.state import LinearState, SinkSet
 
 
 def new_cache(model: torch.nn.Module):

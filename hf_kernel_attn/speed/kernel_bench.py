@@ -268,7 +268,7 @@ def feature_dim(kernel: Kernel) -> int:
 
 
 def _chunked_causal_flops(n: int, c: int, f: int, dv: int, hq: int, hkv: int, score_dim: int | None = None) -> float:
-    """Matmul FLOPs of :func:`linear.scan` for one sequence. Values carry an extra all-ones column (the
+    """Matmul FLOPs of :func:`..kernels.linear.scan` for one sequence. Values carry an extra all-ones column (the
     denominator), so they are Dv + 1 wide. Per query head: the in-chunk scores (2·L²·F) and
     scores @ V (2·L²·(Dv + 1)) per chunk of length L, and φ(q) @ S (2·N·F·(Dv + 1)); per KV head the state
     updates φ(k)ᵀ @ V (2·N·F·(Dv + 1)). A kernel with a closed form (taylor) scores in-chunk pairs on
@@ -284,9 +284,9 @@ def _quadratic_causal_flops(n: int, batch: int, hq: int, d: int, dv: int) -> flo
     """Matmul FLOPs of the closed-form causal quadratic path (taylor, short sequences): each block of L
     queries scores the keys up to its end E (2·L·E·d) and multiplies by V with its ones column
     (2·L·E·(Dv + 1)), per query head."""
-    from ..kernels.feature_maps import QUADRATIC_SCORE_VALUES
+    from ..kernels.linear.cost import quadratic_block
 
-    block = min(n, max(1, QUADRATIC_SCORE_VALUES // max(1, batch * hq * n)))
+    block = quadratic_block(n, batch * hq * n)
     pairs = sum((min(s + block, n) - s) * min(s + block, n) for s in range(0, n, block))
     return hq * 2.0 * pairs * (d + dv + 1)
 

@@ -1,9 +1,4 @@
-"""Linear (feature-map) attention: the evaluation orders of one formula.
-
-    out_i = φ(q_i)ᵀ S_i / max(φ(q_i)ᵀ z_i, eps),  S_i = Σ_j w_ij φ(k_j) v_jᵀ,  z_i = Σ_j w_ij φ(k_j)
-
-with w_ij = 1 (j visible) or the decay γ^(i-j) (DiJiang), j ≤ i when causal
-(Katharopoulos et al., ICML 2020, "Transformers are RNNs").
+"""The chunked causal form.
 
 * :func:`scan` — the causal workhorse: exact quadratic form inside chunks of ``chunk_size`` positions,
   a running state across chunks (updated in place), never an N×N matrix. The denominator rides along
@@ -11,12 +6,9 @@ with w_ij = 1 (j visible) or the decay γ^(i-j) (DiJiang), j ≤ i when causal
 * :func:`causal_chunked` — :func:`scan` on whole feature tensors, differentiable through
   :class:`CausalScan`, whose backward is three more scans (gradients of causal linear attention are
   causal/anti-causal linear attentions themselves), so nothing N-sized is saved beyond the inputs.
-* :func:`bidirectional` — O(N): one global state (two scans when there is a decay).
-* :func:`accumulate` — folds keys into a state (prefix keys, or one decode step).
 
 Shapes: ``fq`` ``[B, Hkv, G, N, F]`` (query heads grouped by KV head), ``fk`` ``[B, Hkv, M, F]``,
 ``v`` ``[B, Hkv, M, Dv]``; ``log_decay`` ``[Hkv]`` (log γ ≤ 0) or None.
-The state is ``S`` ``[B, Hkv, F, Dv]`` and ``z`` ``[B, Hkv, F]``, both decayed to the next position.
 """
 
 from __future__ import annotations
@@ -26,110 +18,10 @@ from collections.abc import Callable
 
 import torch
 
-from .base import accum
+from ..base import accum
+from .state import LinearState, _decay_powers, query_rows, with_ones
 
 DEFAULT_CHUNK = 64
-
-
-@dataclasses.dataclass
-class SinkSet:
-    """The attention sinks of a sinks + window hybrid: the first S real keys of each row (``keys``
-    ``[B, Hkv, S, D]``, ``values`` ``[B, Hkv, S, Dv]``, absolute ``pos`` ``[B, S]``, ``valid`` ``[B, S]``: slot
-    filled), ``real_seen`` ``[B]`` real keys seen so far and ``seen``, the keys seen (positions < seen)."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-    pos: torch.Tensor
-    valid: torch.Tensor
-    real_seen: torch.Tensor
-    seen: int
-
-    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> SinkSet:
-        """The same sinks with ``fn`` applied to every per-row tensor (beam reorder, batch select)."""
-        return SinkSet(fn(self.keys), fn(self.values), fn(self.pos), fn(self.valid), fn(self.real_seen), self.seen)
-
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        return self.keys, self.values, self.pos, self.valid, self.real_seen
-
-
-@dataclasses.dataclass
-class ExactKV:
-    """Every key/value seen so far of the KV heads that a layer's exact-softmax heads read (``keys``
-    ``[B, Hs, T, D]``, ``values`` ``[B, Hs, T, Dv]``, ``real`` ``[B, T]``): the part of a per-head hybrid's cache
-    that grows with the context."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-    real: torch.Tensor
-
-    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ExactKV:
-        return ExactKV(fn(self.keys), fn(self.values), fn(self.real))
-
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        return self.keys, self.values, self.real
-
-
-@dataclasses.dataclass
-class LinearState:
-    """Σ_j γ^(t-j) φ(k_j) v_jᵀ and Σ_j γ^(t-j) φ(k_j) over the t keys seen so far (the sinks of a
-    sinks + window hybrid excluded; they ride along in ``sinks``, and the exact heads' K/V in ``exact``)."""
-
-    S: torch.Tensor
-    z: torch.Tensor
-    sinks: SinkSet | None = None
-    exact: ExactKV | None = None  # per-head hybrids: the K/V of the exact-softmax heads' KV heads
-
-    @classmethod
-    def zeros(cls, fk: torch.Tensor, dv: int) -> LinearState:
-        b, h, _, f = fk.shape
-        dtype = accum(fk).dtype
-        return cls(fk.new_zeros(b, h, f, dv, dtype=dtype), fk.new_zeros(b, h, f, dtype=dtype))
-
-    def augmented(self) -> torch.Tensor:
-        """``[B·H, F, Dv + 1]``: S with z as its last column (the state of values extended by a 1)."""
-        b, h, f, dv = self.S.shape
-        return torch.cat([self.S, self.z.unsqueeze(-1)], -1).reshape(b * h, f, dv + 1)
-
-    @classmethod
-    def from_augmented(cls, s_aug: torch.Tensor, batch: int) -> LinearState:
-        bh, f, dv1 = s_aug.shape
-        s_aug = s_aug.view(batch, bh // batch, f, dv1)
-        return cls(s_aug[..., :-1], s_aug[..., -1])
-
-
-def _decay_powers(log_decay: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
-    """γ^e per head: ``[H] x [...] -> [H, ...]`` computed as exp(e · ln γ) (never γ^(-m))."""
-    return torch.exp(log_decay.view(-1, *([1] * exponents.dim())) * exponents)
-
-
-def accumulate(
-    fk: torch.Tensor, v: torch.Tensor, state: LinearState | None, log_decay: torch.Tensor | None = None
-) -> LinearState:
-    """Fold L keys into the state: S ← γ^L S + Σ_j γ^(L-j) φ(k_j) v_jᵀ (j = 0..L-1)."""
-    if state is None:
-        state = LinearState.zeros(fk, v.shape[-1])
-    fk = accum(fk)
-    v = accum(v)
-    length = fk.shape[-2]
-    if log_decay is None:
-        return LinearState(state.S + fk.transpose(-1, -2) @ v, state.z + fk.sum(-2))
-    exps = torch.arange(length, 0, -1, device=fk.device, dtype=fk.dtype)
-    log_decay = log_decay.to(fk.dtype)
-    w = _decay_powers(log_decay, exps)[None, :, :, None]  # [1, H, L, 1]
-    carry = torch.exp(log_decay * length)[None, :, None]  # [1, H, 1]
-    fkw = fk * w
-    return LinearState(state.S * carry[..., None] + fkw.transpose(-1, -2) @ v, state.z * carry + fkw.sum(-2))
-
-
-def with_ones(v: torch.Tensor) -> torch.Tensor:
-    """``[..., Dv] -> [..., Dv + 1]``: values extended by a 1, so that one matmul also gives Σ φ(q)·φ(k)."""
-    return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], -1)
-
-
-def query_rows(fq: torch.Tensor) -> torch.Tensor:
-    """``[B, Hkv, G, N, F] -> [B·Hkv, N·G, F]``: the rows (position, query head in group) of :func:`scan`."""
-    b, h, g, n, f = fq.shape
-    return fq.transpose(2, 3).reshape(b * h, n * g, f)
 
 
 class ChunkTables:
@@ -313,32 +205,3 @@ def causal_chunked(
                                   chunk_size)
     out = out.view(b, h, n, g, dv + 1).transpose(2, 3)
     return out[..., :dv], out[..., dv], LinearState.from_augmented(s_aug, b)
-
-
-def bidirectional(
-    fq: torch.Tensor,
-    fk: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    log_decay: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every query sees every (unmasked) key; with a decay the weight is γ^|i-j| (two causal scans)."""
-    fq, fk, v = accum(fq), accum(fk), accum(v)
-    if log_decay is None:
-        s = fk.transpose(-1, -2) @ v  # [B, H, F, Dv]
-        z = fk.sum(-2)  # [B, H, F]
-        return fq @ s.unsqueeze(2), (fq @ z[:, :, None, :, None]).squeeze(-1)
-    # N <= M queries sit at the last N key positions: keys before them form a decayed prefix state
-    prefix = fk.shape[-2] - fq.shape[-2]
-    state = accumulate(fk[:, :, :prefix], v[:, :, :prefix], None, log_decay) if prefix > 0 else None
-    fk, v = fk[:, :, prefix:], v[:, :, prefix:]
-    num_f, den_f, _ = causal_chunked(fq, fk, v, state=state, log_decay=log_decay, chunk_size=chunk_size)
-    num_b, den_b, _ = causal_chunked(fq.flip(-2), fk.flip(-2), v.flip(-2), log_decay=log_decay,
-                                     chunk_size=chunk_size)
-    diag = (fq * fk.unsqueeze(2)).sum(-1)  # [B, H, G, N]: the j = i term, counted by both scans
-    return num_f + num_b.flip(-2) - diag.unsqueeze(-1) * v.unsqueeze(2), den_f + den_b.flip(-1) - diag
-
-
-def normalize(num: torch.Tensor, den: torch.Tensor, eps: float) -> torch.Tensor:
-    return num / den.clamp_min(eps).unsqueeze(-1)

@@ -23,12 +23,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import accum, ungroup_output
-from .linear import LinearState, SinkSet, accumulate, with_ones
-from .softmax import gather_keys, sink_slots
-
-# without autograd: query chunks per block sized so that one block's band scores stay at 4 MiB
-BAND_SCORE_VALUES = 1 << 20
+from ..base import accum, ungroup_output
+from ..softmax import gather_keys, sink_slots
+from . import cost
+from .recurrent import accumulate
+from .state import LinearState, SinkSet, with_ones
 
 
 def chunk_length(window: int, chunk_size: int, length: int) -> tuple[int, int]:
@@ -218,7 +217,7 @@ def hybrid_attention(
         sink_seen = sink_seen.view(b, chunks, 1, c, -1).expand(-1, -1, g, -1, -1).reshape(b, 1, chunks, g * c, -1)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, fq, fk, s0, log_mix, sink_k, sink_v)
                                            if t is not None)
-    step = chunks if grad or not blocked else max(1, BAND_SCORE_VALUES // (b * hkv * g * c * width))
+    step = chunks if grad or not blocked else cost.band_block(b * hkv * g * c * width)
     outs = []
     for c0 in range(0, chunks, step):
         c1 = min(chunks, c0 + step)

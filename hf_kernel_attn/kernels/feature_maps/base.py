@@ -1,6 +1,7 @@
-"""Linear-attention kernels: feature maps φ with φ(q)·φ(k) standing in for exp(s q·k).
+"""The machinery every feature-map kernel shares: :class:`LinearKernel` (φ(q)·φ(k) standing in for exp(s q·k))
+and its options :class:`LinearOptions`.
 
-Every kernel here evaluates the same normalised form through :mod:`.linear`; they differ only in φ
+Every kernel evaluates the same normalised form through the engine of :mod:`..linear`; they differ only in φ
 (and DiJiang's decay). φ always runs in fp32 on RoPE-rotated q/k, once per call.
 Positions are token indices within the sequence (including any past folded into a state); only
 differences of positions enter a score, so left padding does not change real tokens' outputs.
@@ -9,15 +10,13 @@ differences of positions enter a score, so left padding does not change real tok
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 from typing import ClassVar
 
 import torch
 from torch import nn
 
-from . import linear
-from .base import (
+from .. import linear
+from ..base import (
     Kernel,
     KernelOptions,
     LayerShape,
@@ -28,20 +27,15 @@ from .base import (
     ungroup_output,
     visibility_mask,
 )
-from .window import hybrid_attention, update_sinks
-
-BLOCK_FEATURE_VALUES = 1 << 18  # 1 MiB of fp32 features per block: measured fastest on CPU
-QUADRATIC_SCORE_VALUES = 1 << 21  # scores per query block of the quadratic form (8 MiB in fp32)
-# the scan's small per-chunk matmuls reach ~57 % of the GFLOP/s of the quadratic form's large ones (taylor,
-# 2 CPU cores, MHA and GQA), so a FLOP of scan work counts 1.75×: measured crossovers ≈ 5k (G = 3), ≈ 8k (G = 1)
-SCAN_COST_FACTOR = 1.75
+from ..linear import cost
+from ..linear.window import hybrid_attention, update_sinks
 
 
 @dataclasses.dataclass
 class LinearOptions(KernelOptions):
     eps: float = 1e-6
     chunk_size: int = linear.DEFAULT_CHUNK
-    window: int = 0  # W > 0: exact softmax over the last W keys, the feature map over older ones (kernels/window.py)
+    window: int = 0  # W > 0: exact softmax over the last W keys, the feature map over older ones (linear/window.py)
     window_mix: bool = False  # a learnable per-head factor λ_h = exp(θ_h) on the feature-map part (LoLCATs)
     sinks: int = 0  # S > 0 (needs a window): the first S real tokens join the softmax part (StreamingLLM)
     softmax_heads: list[int] = dataclasses.field(default_factory=list)  # query heads kept as exact softmax
@@ -76,9 +70,14 @@ def dense(x: torch.Tensor) -> torch.Tensor:
     return accum(x).contiguous()
 
 
+def layer_generator(seed: int, layer_idx: int) -> torch.Generator:
+    """The generator of one layer's random draws (performer's ω, DiJiang's w): from ``seed`` and the layer index."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + layer_idx)
+
+
 class LinearKernel(Kernel):
     """out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / max(φ(q_i)ᵀ Σ_j φ(k_j), eps); with the option ``window`` W > 0, the
-    sliding-window hybrid of :mod:`.window` (softmax over the last W keys, φ over the older ones)."""
+    sliding-window hybrid of :mod:`..linear.window` (softmax over the last W keys, φ over the older ones)."""
 
     is_linear: ClassVar[bool] = True
     kind: ClassVar[str] = "linear"
@@ -241,7 +240,7 @@ class LinearKernel(Kernel):
         return ungroup_output(linear.normalize(num, den, self.options.eps)).to(q.dtype), state
 
     def _windowed(self, q, k, v, key_mask, causal, scaling, state, offset, need_state):
-        """The sliding-window hybrid (:func:`.window.hybrid_attention`); the state (causal) holds the keys
+        """The sliding-window hybrid (:func:`..linear.window.hybrid_attention`); the state (causal) holds the keys
         before ``k``, and the one returned holds every key but the last W - 1."""
         fq, fk = self.features(q, k, scaling, offset)
         log_mix = self.branch_log_mix(k.shape[1], k.device)
@@ -288,29 +287,23 @@ class LinearKernel(Kernel):
         return any(t.requires_grad for t in tensors)
 
     def _block_length(self, rows: int) -> int:
-        """Positions per block of the no-grad causal path: about BLOCK_FEATURE_VALUES features, whole chunks."""
-        chunk = self.options.chunk_size
-        return max(chunk, BLOCK_FEATURE_VALUES // max(1, rows * self.num_features()) // chunk * chunk)
+        """Positions per block of the no-grad causal path: about ``cost.BLOCK_FEATURE_VALUES`` features, whole chunks
+        (:func:`..linear.cost.block_length`)."""
+        return cost.block_length(rows, self.num_features(), self.options.chunk_size)
 
     def _quadratic_is_cheaper(self, q, k, v, need_state, causal: bool = True) -> bool:
         """For a kernel with a closed form: is the quadratic form (no features for the queries, none for the
-        keys unless a state is wanted) less matmul work than the linear form? Per query row, causal:
-        quadratic ≈ N·(d + Dv + 1) (half of 2N), the scan ≈ 2·C·(d + Dv + 1) + 2·F·(Dv + 1)·(1 + 1/G)
-        weighted by SCAN_COST_FACTOR, and the state adds 2·F·(Dv + 1)/G; bidirectional: quadratic ≈
-        2·M·(d + Dv + 1), linear ≈ 2·F·(Dv + 1)·(1 + M/(N·G)) + F·(1 + M/(N·G)) for the features. The
-        option ``quadratic_below`` (N at most this: quadratic) overrides the choice in both modes."""
+        keys unless a state is wanted) less matmul work than the linear form? (The arithmetic:
+        :func:`..linear.cost.quadratic_is_cheaper`.) The option ``quadratic_below`` (N at most this: quadratic)
+        overrides the choice in both modes."""
         if not self.has_closed_form or self.log_decay() is not None:
             return False
         n, m, d, dv, g = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[1] // k.shape[1]
         fixed = getattr(self.options, "quadratic_below", None)
         if fixed is not None:
             return n <= fixed
-        f, c = self.num_features(), min(self.options.chunk_size, n)
-        if not causal:
-            keys_per_row = m / max(1, n * g)
-            return 2 * m * (d + dv + 1) < (2 * f * (dv + 1) + f) * (1 + keys_per_row)
-        quadratic = n * (d + dv + 1) + (2 * f * (dv + 1) / g if need_state else 0)
-        return quadratic < SCAN_COST_FACTOR * (2 * c * (d + dv + 1) + 2 * f * (dv + 1) * (1 + 1 / g))
+        return cost.quadratic_is_cheaper(n, m, d=d, dv=dv, g=g, f=self.num_features(),
+                                         chunk_size=self.options.chunk_size, need_state=need_state, causal=causal)
 
     def _key_features(self, k, pos, scaling, key_mask):
         """φ(k) of a slice of keys (fp32), zero for padded keys (``key_mask`` the same slice, or None)."""
@@ -352,7 +345,7 @@ class LinearKernel(Kernel):
     def _closed_form_attention(self, q, k, v, key_mask, scaling, offset, causal):
         """Attention straight from the closed form, a block of queries at a time against every key
         (bidirectional) or the keys up to the block's end (causal, N = M): scores of one block at most
-        QUADRATIC_SCORE_VALUES, never the whole N×M matrix at once."""
+        ``cost.QUADRATIC_SCORE_VALUES``, never the whole N×M matrix at once."""
         b, hq, n, _ = q.shape
         hkv, m, dv = k.shape[1], k.shape[-2], v.shape[-1]
         g = hq // hkv
@@ -363,7 +356,7 @@ class LinearKernel(Kernel):
         weight = None if key_mask is None else _key_weight(key_mask, hkv, kt.dtype)
         v3 = linear.with_ones(accum(v)).view(b * hkv, m, dv + 1)
         out = q.new_empty(b, n, hq, dv)
-        block = min(n, max(1, QUADRATIC_SCORE_VALUES // max(1, b * hq * m)))
+        block = cost.quadratic_block(n, b * hq * m)
         if causal:
             tril = torch.ones(block, block, dtype=qp.dtype, device=qp.device).tril().repeat_interleave(g, 0)
         for start in range(0, n, block):
@@ -389,14 +382,12 @@ class LinearKernel(Kernel):
 
     def _decayed_quadratic_is_cheaper(self, q, k, v) -> bool:
         """Bidirectional with a decay (DiJiang: γ^|i-j|): is one N×M score matrix from the features less
-        matmul work than the two chunked scans? Per query row, M·(F + Dv + 1) against twice the scan's
-        2·C·(F + Dv + 1) + 2·F·(Dv + 1)·(1 + 1/G), weighted by SCAN_COST_FACTOR."""
+        matmul work than the two chunked scans (:func:`..linear.cost.decayed_quadratic_is_cheaper`)?"""
         if self.log_decay() is None:
             return False
         n, m, dv, g = q.shape[-2], k.shape[-2], v.shape[-1], q.shape[1] // k.shape[1]
-        f, c = self.num_features(), min(self.options.chunk_size, n)
-        scans = 2 * (2 * c * (f + dv + 1) + 2 * f * (dv + 1) * (1 + 1 / g))
-        return m * (f + dv + 1) <= SCAN_COST_FACTOR * scans
+        return cost.decayed_quadratic_is_cheaper(n, m, dv=dv, g=g, f=self.num_features(),
+                                                 chunk_size=self.options.chunk_size)
 
     def _bidirectional_decayed_quadratic(self, q, k, v, key_mask, scaling, offset):
         """w_ij = γ^|pos_i - pos_j| φ(q_i)·φ(k_j) as explicit scores, a block of queries at a time (query i at
@@ -411,7 +402,7 @@ class LinearKernel(Kernel):
         log_gamma = self.log_decay().to(fq.dtype)[:, None, None, None]  # [Hkv, 1, 1, 1]
         kpos = torch.arange(m, device=q.device, dtype=fq.dtype)
         out = q.new_empty(b, n, hq, dv)
-        block = min(n, max(1, QUADRATIC_SCORE_VALUES // max(1, b * hq * m)))
+        block = cost.quadratic_block(n, b * hq * m)
         for start in range(0, n, block):
             end = min(start + block, n)
             qpos = torch.arange(m - n + start, m - n + end, device=q.device, dtype=fq.dtype)
@@ -479,481 +470,6 @@ class LinearKernel(Kernel):
 
 
 def _key_weight(key_mask: torch.Tensor, num_kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
-    """``[B, L]`` bool -> ``[B·Hkv, L]`` weights (1 real, 0 padded) in the key rows of :func:`linear.scan`."""
+    """``[B, L]`` bool -> ``[B·Hkv, L]`` weights (1 real, 0 padded) in the key rows of :func:`..linear.scan`."""
     b, length = key_mask.shape
     return key_mask[:, None].to(dtype).expand(b, num_kv_heads, length).reshape(b * num_kv_heads, length)
-
-
-def positive_elu(x: torch.Tensor) -> torch.Tensor:
-    """elu(x) + 1 written as exp(min(x, 0)) + max(x, 0): no cancellation for x ≪ 0 (elu(x) + 1 rounds
-    exp(x) - 1 + 1 to 0), no inf in backward."""
-    if x.requires_grad:
-        return torch.exp(x.clamp_max(0)) + torch.relu(x)
-    return x.clamp_max(0).exp_().add_(x.clamp_min(0))
-
-
-class EluKernel(LinearKernel):
-    """φ(x) = elu(x) + 1 (Katharopoulos et al., ICML 2020)."""
-
-    name = "elu"
-    paper = "Katharopoulos et al., ICML 2020, Transformers are RNNs"
-
-    def feature(self, x, pos, scaling):
-        return positive_elu(x)
-
-
-class ReluKernel(LinearKernel):
-    """φ(x) = ReLU(x) (as in cosFormer / T2R without the learned projection)."""
-
-    name = "relu"
-    paper = "Kasai et al., EMNLP 2021 (T2R); Qin et al., ICLR 2022 (cosFormer)"
-
-    def feature(self, x, pos, scaling):
-        return torch.relu(x)
-
-
-@dataclasses.dataclass
-class CosformerOptions(LinearOptions):
-    horizon: int | None = None  # M; None = the model's max_position_embeddings
-
-    def validate(self) -> None:
-        super().validate()
-        if self.horizon is not None and (isinstance(self.horizon, bool) or not isinstance(self.horizon, int)
-                                         or self.horizon <= 0):
-            raise ValueError(f"horizon must be an integer > 0, got {self.horizon!r}")
-
-
-class CosformerKernel(LinearKernel):
-    """φ(x_i) = [ReLU(x_i) sin θ_i, ReLU(x_i) cos θ_i], θ_i = (π/2) i / M, so that
-    φ(q_i)·φ(k_j) = ReLU(q_i)·ReLU(k_j) cos(π/2 (i - j)/M) (Qin et al., ICLR 2022, cosFormer).
-    M is fixed (not the current length) so prefill and decoding agree; keep contexts below M."""
-
-    name = "cosformer"
-    options_cls = CosformerOptions
-    horizon_option = "horizon"
-    paper = "Qin et al., ICLR 2022, cosFormer"
-
-    @property
-    def horizon(self) -> int:
-        return self.options.horizon or self.shape.max_positions
-
-    def num_features(self) -> int:
-        return 2 * self.shape.head_dim
-
-    def check_positions(self, end: int) -> None:
-        if end > self.horizon:
-            raise ValueError(
-                f"cosformer: {end} tokens exceed its horizon M = {self.horizon} (the model's max_position_embeddings "
-                "unless set); beyond M the weight cos(π/2 (i - j) / M) turns negative and the normaliser can vanish. "
-                f"Set the kernel option horizon to the longest context, e.g. patch(model, kernel='cosformer', "
-                f"horizon={end})"
-            )
-
-    def feature(self, x, pos, scaling):
-        theta = (math.pi / 2) * pos.to(x.dtype) / self.horizon
-        r = torch.relu(x)
-        return torch.cat([r * theta.sin()[:, None], r * theta.cos()[:, None]], -1)
-
-
-@dataclasses.dataclass
-class PerformerOptions(LinearOptions):
-    num_features: int | None = None  # m; None = floor(D ln D)
-    feature_eps: float = 1e-4
-    seed: int = 0
-    redraw_interval: int | None = None
-    learnable: bool = False  # ω becomes a parameter (trained by attention transfer)
-
-    def validate(self) -> None:
-        super().validate()
-        if self.learnable and self.redraw_interval:
-            raise ValueError("performer: learnable=True trains ω, so it cannot also be redrawn (redraw_interval)")
-        for name in ("num_features", "redraw_interval"):
-            val = getattr(self, name)
-            if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val <= 0):
-                raise ValueError(f"{name} must be an integer > 0, got {val!r}")
-        positive("feature_eps", self.feature_eps, allow_none=False)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
-
-
-def orthogonal_gaussian(m: int, d: int, generator: torch.Generator) -> torch.Tensor:
-    """m×d rows: blocks of orthonormal directions (QR of Gaussian blocks) with chi(d)-distributed
-    norms, the positive orthogonal random features of FAVOR+ (Choromanski et al., ICLR 2021)."""
-    blocks = []
-    for _ in range(math.ceil(m / d)):
-        g = torch.randn(d, d, generator=generator, dtype=torch.float64)
-        qmat, r = torch.linalg.qr(g)
-        qmat = qmat * torch.where(torch.diagonal(r) < 0, -1.0, 1.0)  # sign fix: Haar, isotropic rows
-        blocks.append(qmat.T)
-    w = torch.cat(blocks)[:m]
-    norms = torch.randn(m, d, generator=generator, dtype=torch.float64).norm(dim=1)
-    return (w * norms[:, None]).float()
-
-
-def layer_generator(seed: int, layer_idx: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * 1_000_003 + layer_idx)
-
-
-class PerformerKernel(LinearKernel):
-    """FAVOR+: φ(x) = m^-1/2 (exp(ωᵀx' - ||x'||²/2 - c) + ε) with x' = s^1/2 x, so that
-    E[φ(q)·φ(k)] ∝ exp(s q·k) (Choromanski et al., ICLR 2021, Rethinking Attention with Performers).
-
-    c is the per-row max for queries (cancels exactly) and 0 for keys: any data-dependent key
-    constant would differ between prefill and decoding (and leak later keys into earlier rows through
-    ε), while a loose bound such as max_l ||ω_l||²/2 pushes every key feature below ε. Unshifted, a
-    key exponent is at most max_l ||ω_l||²/2 (≈ 60 at D = 64); it is clamped at 60 so that sums over
-    64k keys stay finite in fp32.
-    ω is a fixed per-layer buffer drawn from ``seed`` and the layer index (saved with the model); with
-    ``learnable=True`` it starts from the same draw and is a parameter that attention transfer trains.
-    """
-
-    name = "performer"
-    options_cls = PerformerOptions
-    paper = "Choromanski et al., ICLR 2021, Rethinking Attention with Performers"
-
-    def __init__(self, shape: LayerShape, options: PerformerOptions):
-        super().__init__(shape, options)
-        d = shape.head_dim
-        m = options.num_features or max(1, int(d * math.log(d)))  # ⌊D ln D⌋, at least 1 (D = 1 gives 0)
-        if options.learnable:
-            self.omega = nn.Parameter(torch.empty(m, d))
-        else:
-            self.register_buffer("omega", torch.empty(m, d))
-        self.calls = 0
-
-    def reset_parameters(self) -> None:
-        super().reset_parameters()
-        gen = layer_generator(self.options.seed, self.shape.layer_idx)
-        with torch.no_grad():
-            self.omega.copy_(orthogonal_gaussian(self.omega.shape[0], self.omega.shape[1], gen))
-
-    def redraw(self) -> None:
-        gen = layer_generator(self.options.seed + self.calls, self.shape.layer_idx)
-        with torch.no_grad():
-            self.omega.copy_(orthogonal_gaussian(self.omega.shape[0], self.omega.shape[1], gen))
-
-    def num_features(self) -> int:
-        return int(self.omega.shape[0])
-
-    def projection_width(self, backward: bool = False) -> int:
-        return int(self.omega.shape[0])
-
-    def feature_q(self, q, pos, scaling):
-        # the row max of ωᵀx' - ||x'||²/2 is max(ωᵀx') - ||x'||²/2, so the norm term cancels
-        return self._features(q, scaling, is_query=True)
-
-    def feature_k(self, k, pos, scaling):
-        return self._features(k, scaling, is_query=False)
-
-    def _features(self, x, scaling, is_query):
-        omega = accum(self.omega) * math.sqrt(scaling)  # ω' = s^1/2 ω, so ω'ᵀx = ωᵀx'
-        args = (omega, scaling, is_query, self.omega.shape[0], self.options.feature_eps)
-        if omega.requires_grad:
-            return _positive_random_features_autograd(x, *args)
-        if x.requires_grad:
-            return PositiveRandomFeatures.apply(x, *args)
-        return _positive_random_features(x, *args, for_backward=False)[0]
-
-    def forward_with_state(self, q, k, v, **kw):
-        interval = self.options.redraw_interval
-        if self.training and interval:
-            if self.calls % interval == 0 and self.calls > 0:
-                self.redraw()
-            self.calls += 1
-        return super().forward_with_state(q, k, v, **kw)
-
-
-def _positive_random_features(x, omega, scaling, is_query, m, feature_eps, for_backward=True):
-    """m^-1/2 (exp(a) + ε) with a = ω'ᵀx - shift: shift = max_l ω'_lᵀx for queries, s ||x||²/2 for keys
-    (whose exponent is then capped at 60), computed in place as exp(a + ln c) + c ε, c = m^-1/2.
-    Also returns what the backward needs (``for_backward``): the argmax (queries) or the uncapped mask
-    (keys)."""
-    log_c = -0.5 * math.log(m)
-    p = x @ omega.T
-    where = None
-    if is_query:
-        if for_backward:
-            top, where = p.max(-1, keepdim=True)
-        else:
-            top = p.amax(-1, keepdim=True)
-        p.sub_(top - log_c)
-    else:
-        p.sub_(x.pow(2).sum(-1, keepdim=True) * (scaling / 2) - log_c)
-        if for_backward:
-            where = p < 60.0 + log_c
-        p.clamp_max_(60.0 + log_c)
-    return p.exp_().add_(feature_eps * math.exp(log_c)), where
-
-
-def _positive_random_features_autograd(x, omega, scaling, is_query, m, feature_eps):
-    """The same features out of plain differentiable ops, for a trained ω (gradient w.r.t. ω too)."""
-    log_c = -0.5 * math.log(m)
-    p = x @ omega.T
-    if is_query:
-        p = p - p.amax(-1, keepdim=True)
-    else:
-        p = (p - x.pow(2).sum(-1, keepdim=True) * (scaling / 2)).clamp_max(60.0)
-    return (p + log_c).exp() + feature_eps * math.exp(log_c)
-
-
-class PositiveRandomFeatures(torch.autograd.Function):
-    """FAVOR+ features with a hand-written backward that keeps only x, φ and the argmax/cap mask. With
-    e = φ - cε = exp(a) and g_a = g ⊙ e: keys dx = g_a ω' - (Σ_l g_a) s x (zero where capped);
-    queries dx = g_a ω' - (Σ_l g_a) ω'_argmax (the max's gradient goes to its argmax)."""
-
-    @staticmethod
-    def forward(ctx, x, omega, scaling, is_query, m, feature_eps):
-        phi, where = _positive_random_features(x, omega, scaling, is_query, m, feature_eps)
-        ctx.save_for_backward(x, omega, phi, where)
-        ctx.scaling, ctx.is_query, ctx.eps_c = scaling, is_query, feature_eps * m**-0.5
-        return phi
-
-    @staticmethod
-    @torch.autocast("cpu", enabled=False)
-    @torch.autocast("cuda", enabled=False)
-    def backward(ctx, grad):
-        x, omega, phi, where = ctx.saved_tensors
-        g_a = grad * (phi - ctx.eps_c)
-        if not ctx.is_query:
-            g_a = g_a * where
-        total = g_a.sum(-1, keepdim=True)
-        dx = g_a @ omega
-        if ctx.is_query:
-            dx -= total * omega[where.squeeze(-1)]
-        else:
-            dx -= total * ctx.scaling * x
-        return dx, None, None, None, None, None
-
-
-@dataclasses.dataclass
-class DijiangOptions(LinearOptions):
-    seed: int = 0
-    decay: bool = True
-
-    def validate(self) -> None:
-        super().validate()
-        one_of("decay", self.decay, (True, False))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
-
-
-def dct_matrix(d: int) -> torch.Tensor:
-    """Orthonormal DCT-II matrix C[f, n] = α_f cos(π (n + 1/2) f / d)."""
-    n = torch.arange(d, dtype=torch.float64)
-    c = torch.cos(math.pi * (n[None, :] + 0.5) * n[:, None] / d) * math.sqrt(2 / d)
-    c[0] /= math.sqrt(2)
-    return c.float()
-
-
-class DijiangKernel(LinearKernel):
-    """DiJiang frequency-domain kernel: φ(x) = softmax_f((s^1/2 x Cᵀ) ⊙ w) with C the DCT-II and
-    w = Φ⁻¹(u), u ~ U(0,1) fixed per layer; scores decay as γ_h^(i-j) with
-    γ_h = 1 - exp(linspace(ln 1/32, ln 1/512, Hkv)) (Chen et al., ICML 2024, DiJiang).
-    Kept normalised (Σ γ^(i-j) φq·φk v / Σ γ^(i-j) φq·φk) so it is a drop-in for softmax; the decay is
-    per KV head so that grouped query heads share one state. Bidirectional use weighs γ^|i-j|."""
-
-    name = "dijiang"
-    options_cls = DijiangOptions
-    paper = "Chen et al., ICML 2024, DiJiang: Efficient LLMs through Compact Kernelization"
-
-    def __init__(self, shape: LayerShape, options: DijiangOptions):
-        super().__init__(shape, options)
-        d = shape.head_dim
-        self.register_buffer("projection", torch.empty(d, d))
-        h = shape.num_kv_heads
-        gammas = 1 - torch.exp(torch.linspace(math.log(1 / 32), math.log(1 / 512), h, dtype=torch.float64))
-        self.gammas = gammas.tolist()
-
-    def reset_parameters(self) -> None:
-        super().reset_parameters()
-        d = self.projection.shape[0]
-        gen = layer_generator(self.options.seed, self.shape.layer_idx)
-        u = torch.rand(d, generator=gen, dtype=torch.float64)
-        w = torch.distributions.Normal(0.0, 1.0).icdf(u)
-        w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
-        with torch.no_grad():
-            self.projection.copy_(dct_matrix(d).T * w.float()[None, :])
-
-    def feature(self, x, pos, scaling):
-        return torch.softmax((x * math.sqrt(scaling)) @ accum(self.projection), dim=-1)
-
-    def projection_width(self, backward: bool = False) -> int:
-        return int(self.projection.shape[-1])
-
-    @property
-    def log_gamma(self) -> torch.Tensor:
-        """ln γ per KV head ``[Hkv]`` in fp64 (fixed, derived from the head count); the linear forms cast it
-        to their accumulation dtype."""
-        return torch.tensor(self.gammas, dtype=torch.float64, device=self.projection.device).log()
-
-    def log_decay(self):
-        return self.log_gamma if self.options.decay else None
-
-
-@dataclasses.dataclass
-class HedgehogOptions(LinearOptions):
-    feature_dim: int | None = None  # per sign; None = head_dim (identity init)
-    eps: float = 1e-12
-
-    def validate(self) -> None:
-        super().validate()
-        if self.feature_dim is not None and (isinstance(self.feature_dim, bool)
-                                             or not isinstance(self.feature_dim, int) or self.feature_dim <= 0):
-            raise ValueError(f"feature_dim must be an integer > 0, got {self.feature_dim!r}")
-
-
-class HedgehogKernel(LinearKernel):
-    """Learnable per-head map φ(x) = [softmax(s^1/2 x W + b), softmax(-(s^1/2 x W + b))], one map for
-    queries (per query head) and one for keys (per KV head) (Zhang et al., ICLR 2024, Hedgehog;
-    the two-softmax form of LoLCATs). W starts as the identity (truncated or zero-padded when the
-    feature dim differs from the head dim) and b at 0; attention transfer trains them."""
-
-    name = "hedgehog"
-    options_cls = HedgehogOptions
-    paper = "Zhang et al., ICLR 2024, The Hedgehog & the Porcupine"
-
-    def __init__(self, shape: LayerShape, options: HedgehogOptions):
-        super().__init__(shape, options)
-        d = shape.head_dim
-        f = options.feature_dim or d
-        self.weight_q = nn.Parameter(torch.empty(shape.num_heads, d, f))
-        self.bias_q = nn.Parameter(torch.empty(shape.num_heads, f))
-        self.weight_k = nn.Parameter(torch.empty(shape.num_kv_heads, d, f))
-        self.bias_k = nn.Parameter(torch.empty(shape.num_kv_heads, f))
-
-    def reset_parameters(self) -> None:
-        super().reset_parameters()
-        with torch.no_grad():
-            for w in (self.weight_q, self.weight_k):
-                w.zero_()
-                w += torch.eye(w.shape[1], w.shape[2])
-            self.bias_q.zero_()
-            self.bias_k.zero_()
-
-    def num_features(self) -> int:
-        return 2 * int(self.weight_q.shape[-1])
-
-    def projection_width(self, backward: bool = False) -> int:
-        """p = xW; with autograd, p and -p come from one matmul with [W, -W]."""
-        return int(self.weight_q.shape[-1]) * (2 if backward else 1)
-
-    @staticmethod
-    def _map(x, w, b, scaling):
-        """p = s^1/2 x W + b, then a softmax over each half of [p, -p] (one matmul for p; the same numbers with and
-        without autograd)."""
-        w, b = accum(w), accum(b)
-        f = w.shape[-1]
-        half = x @ (w * math.sqrt(scaling)) + b[..., None, :]
-        p = torch.cat([half, -half], -1)
-        return torch.softmax(p.view(*p.shape[:-1], 2, f), -1).view(p.shape)
-
-    def feature_q(self, q, pos, scaling):
-        hkv, g = q.shape[1], q.shape[2]
-        w = self.weight_q.view(hkv, g, *self.weight_q.shape[1:])
-        b = self.bias_q.view(hkv, g, -1)
-        return self._map(q, w, b, scaling)
-
-    def feature_k(self, k, pos, scaling):
-        return self._map(k, self.weight_k, self.bias_k, scaling)
-
-
-def _taylor_series(t: torch.Tensor) -> torch.Tensor:
-    """1 + t + t²/2, in place."""
-    return t.mul(0.5).add_(1.0).mul_(t).add_(1.0)
-
-
-@functools.cache
-def _upper_triangle(d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Index pairs i ≤ j and weights 1/√2 (diagonal) or 1 (off-diagonal pairs appear once, so they carry
-    √2): Σ_{i≤j} (√2 w_ij)² x_i x_j y_i y_j = (x·y)²."""
-    i, j = torch.triu_indices(d, d, device=device)
-    ones = torch.ones(i.shape, dtype=torch.float64, device=device)
-    weight = torch.where(i == j, ones / math.sqrt(2.0), ones)  # float64, cast to the input's dtype on use
-    return i, j, weight
-
-
-@dataclasses.dataclass
-class TaylorOptions(LinearOptions):
-    quadratic_below: int | None = None  # no grad: quadratic form up to this N (both modes); None = by matmul cost
-
-    def validate(self) -> None:
-        super().validate()
-        if self.quadratic_below is not None and (isinstance(self.quadratic_below, bool)
-                                                 or not isinstance(self.quadratic_below, int)
-                                                 or self.quadratic_below < 0):
-            raise ValueError(f"quadratic_below must be an integer >= 0 or None, got {self.quadratic_below!r}")
-
-
-class TaylorKernel(LinearKernel):
-    """Second-order Taylor map φ(x) = [1, s^1/2 x, s/√2 · u(x)] with u(x)·u(y) = (x·y)² (upper
-    triangle of xxᵀ, off-diagonal terms × √2), so φ(q)·φ(k) = 1 + t + t²/2 with t = s q·k
-    (Arora et al., ICML 2024, Based; Keles et al. 2023)."""
-
-    name = "taylor"
-    options_cls = TaylorOptions
-    paper = "Arora et al., ICML 2024, Simple linear attention language models (Based)"
-
-    def num_features(self) -> int:
-        d = self.shape.head_dim
-        return 1 + d + d * (d + 1) // 2
-
-    def closed_form(self, q, k, scaling):
-        """φ(q)·φ(k) = 1 + t + t²/2 with t = q'·k', q' = s^1/2 q: D-dim dot products instead of F-dim."""
-        root = math.sqrt(scaling)
-        return linear.ClosedForm(accum(q) * root, accum(k) * root, _taylor_series)
-
-    def feature(self, x, pos, scaling):
-        d = x.shape[-1]
-        xs = x * math.sqrt(scaling)
-        rows = xs.numel() // d
-        if xs.requires_grad:
-            return TaylorFeatures.apply(xs)
-        if rows >= 256:
-            return _taylor_features(xs)
-        # few rows (decoding): gather whole rows of xsᵀ, much faster than gathering columns or looping
-        i, j, weight = _upper_triangle(d, x.device)
-        xt = xs.reshape(rows, d).T.contiguous()
-        second = (xt.index_select(0, i) * xt.index_select(0, j) * weight.to(xs.dtype)[:, None]).T
-        return torch.cat([torch.ones_like(xs[..., :1]), xs, second.reshape(*xs.shape[:-1], -1)], -1)
-
-
-def _taylor_features(xs: torch.Tensor) -> torch.Tensor:
-    """[1, x, u(x)] with u(x) the upper triangle of x xᵀ (diagonal × 1/√2), written row by row into one
-    buffer: ``u`` holds x_r · x[r:] for r = 0, 1, ..."""
-    d = xs.shape[-1]
-    out = xs.new_empty(*xs.shape[:-1], 1 + d + d * (d + 1) // 2)
-    out[..., 0] = 1.0
-    out[..., 1:d + 1] = xs
-    offset = d + 1
-    for r in range(d):
-        out[..., offset:offset + d - r] = xs[..., r:r + 1] * xs[..., r:]
-        out[..., offset].mul_(math.sqrt(0.5))
-        offset += d - r
-    return out
-
-
-class TaylorFeatures(torch.autograd.Function):
-    """:func:`_taylor_features` with a hand-written backward that saves only x (D values per row, not
-    the F = 2,145 features or autograd's gathered copies): for u_rj = w_rj x_r x_j (j ≥ r),
-    dx_r += Σ_j w_rj g_rj x_j and dx_j += w_rj g_rj x_r."""
-
-    @staticmethod
-    def forward(ctx, xs):
-        ctx.save_for_backward(xs)
-        return _taylor_features(xs)
-
-    @staticmethod
-    @torch.autocast("cpu", enabled=False)
-    @torch.autocast("cuda", enabled=False)
-    def backward(ctx, grad):
-        (xs,) = ctx.saved_tensors
-        d = xs.shape[-1]
-        dx = grad[..., 1:d + 1].clone()
-        offset = d + 1
-        for r in range(d):
-            g = grad[..., offset:offset + d - r].clone()
-            g[..., 0] *= math.sqrt(0.5)
-            dx[..., r] += (g * xs[..., r:]).sum(-1)
-            dx[..., r:].addcmul_(g, xs[..., r:r + 1])
-            offset += d - r
-        return dx

@@ -1,0 +1,104 @@
+"""The state of linear attention and the row layouts its forms share.
+
+    S_t = Σ_j γ^(t-j) φ(k_j) v_jᵀ,  z_t = Σ_j γ^(t-j) φ(k_j),  out = φ(q)ᵀ S / max(φ(q)ᵀ z, eps)
+
+over the t keys seen so far (γ the decay, 1 without one). ``S`` ``[B, Hkv, F, Dv]`` and ``z`` ``[B, Hkv, F]``, both
+decayed to the next position; a windowed hybrid's sinks (:class:`SinkSet`) and a per-head hybrid's exact K/V
+(:class:`ExactKV`) ride along. The denominator rides along as an extra all-ones value column
+(:func:`with_ones`), so one matmul gives both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from ..base import accum
+
+
+@dataclasses.dataclass
+class SinkSet:
+    """The attention sinks of a sinks + window hybrid: the first S real keys of each row (``keys``
+    ``[B, Hkv, S, D]``, ``values`` ``[B, Hkv, S, Dv]``, absolute ``pos`` ``[B, S]``, ``valid`` ``[B, S]``: slot
+    filled), ``real_seen`` ``[B]`` real keys seen so far and ``seen``, the keys seen (positions < seen)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    pos: torch.Tensor
+    valid: torch.Tensor
+    real_seen: torch.Tensor
+    seen: int
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> SinkSet:
+        """The same sinks with ``fn`` applied to every per-row tensor (beam reorder, batch select)."""
+        return SinkSet(fn(self.keys), fn(self.values), fn(self.pos), fn(self.valid), fn(self.real_seen), self.seen)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.keys, self.values, self.pos, self.valid, self.real_seen
+
+
+@dataclasses.dataclass
+class ExactKV:
+    """Every key/value seen so far of the KV heads that a layer's exact-softmax heads read (``keys``
+    ``[B, Hs, T, D]``, ``values`` ``[B, Hs, T, Dv]``, ``real`` ``[B, T]``): the part of a per-head hybrid's cache
+    that grows with the context."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    real: torch.Tensor
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ExactKV:
+        return ExactKV(fn(self.keys), fn(self.values), fn(self.real))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.keys, self.values, self.real
+
+
+@dataclasses.dataclass
+class LinearState:
+    """Σ_j γ^(t-j) φ(k_j) v_jᵀ and Σ_j γ^(t-j) φ(k_j) over the t keys seen so far (the sinks of a
+    sinks + window hybrid excluded; they ride along in ``sinks``, and the exact heads' K/V in ``exact``)."""
+
+    S: torch.Tensor
+    z: torch.Tensor
+    sinks: SinkSet | None = None
+    exact: ExactKV | None = None  # per-head hybrids: the K/V of the exact-softmax heads' KV heads
+
+    @classmethod
+    def zeros(cls, fk: torch.Tensor, dv: int) -> LinearState:
+        b, h, _, f = fk.shape
+        dtype = accum(fk).dtype
+        return cls(fk.new_zeros(b, h, f, dv, dtype=dtype), fk.new_zeros(b, h, f, dtype=dtype))
+
+    def augmented(self) -> torch.Tensor:
+        """``[B·H, F, Dv + 1]``: S with z as its last column (the state of values extended by a 1)."""
+        b, h, f, dv = self.S.shape
+        return torch.cat([self.S, self.z.unsqueeze(-1)], -1).reshape(b * h, f, dv + 1)
+
+    @classmethod
+    def from_augmented(cls, s_aug: torch.Tensor, batch: int) -> LinearState:
+        bh, f, dv1 = s_aug.shape
+        s_aug = s_aug.view(batch, bh // batch, f, dv1)
+        return cls(s_aug[..., :-1], s_aug[..., -1])
+
+
+def _decay_powers(log_decay: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
+    """γ^e per head: ``[H] x [...] -> [H, ...]`` computed as exp(e · ln γ) (never γ^(-m))."""
+    return torch.exp(log_decay.view(-1, *([1] * exponents.dim())) * exponents)
+
+
+def with_ones(v: torch.Tensor) -> torch.Tensor:
+    """``[..., Dv] -> [..., Dv + 1]``: values extended by a 1, so that one matmul also gives Σ φ(q)·φ(k)."""
+    return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], -1)
+
+
+def query_rows(fq: torch.Tensor) -> torch.Tensor:
+    """``[B, Hkv, G, N, F] -> [B·Hkv, N·G, F]``: the rows (position, query head in group) of :func:`scan`."""
+    b, h, g, n, f = fq.shape
+    return fq.transpose(2, 3).reshape(b * h, n * g, f)
+
+
+def normalize(num: torch.Tensor, den: torch.Tensor, eps: float) -> torch.Tensor:
+    return num / den.clamp_min(eps).unsqueeze(-1)
