@@ -51,7 +51,7 @@ def test_scan_equals_the_recurrence_in_outputs_and_gradients(gates, n, chunk):
     w_out, w_final = torch.randn_like(out), torch.randn_like(final)
     grads = torch.autograd.grad((out * w_out).sum() + (final * w_final).sum(), inputs)
     ref_grads = torch.autograd.grad((ref_out * w_out).sum() + (ref_final * w_final).sum(), inputs)
-    for name, a, b in zip(["q", "k", "v", "gates", "state"], grads, ref_grads):
+    for name, a, b in zip(["q", "k", "v", "gates", "state"], grads, ref_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=f"gradient of {name}")
 
 

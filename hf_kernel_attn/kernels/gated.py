@@ -4,9 +4,10 @@ Transformers with Hardware-Efficient Training"), normalised as the other feature
     S_t = diag(α_t) S_{t-1} + φ(k_t) [v_t, 1]ᵀ,      out_t = φ(q_t)ᵀ S_t[:, :Dv] / max(φ(q_t)ᵀ S_t[:, Dv], eps)
 
 so key j reaches query i ≥ j with weight w_ij = exp(b_i - b_j) per feature, b_t = Σ_{s ≤ t} log α_s ≤ 0 (α per
-key feature, one per head, or Γ gates tiled over the F features: feature f decays by gate f mod Γ). Bidirectionally, j > i weighs exp(b_j - b_i), the
-same recurrence run backwards. With a window W (the LoLCATs / Liger hybrid), the W most recent keys are exact
-softmax and only keys j ≤ i - W enter through the gated state, all under one normaliser (kernels/window.py):
+key feature, one per head, or Γ gates tiled over the F features: feature f decays by gate f mod Γ).
+Bidirectionally, j > i weighs exp(b_j - b_i), the same recurrence run backwards. With a window W (the LoLCATs /
+Liger hybrid), the W most recent keys are exact softmax and only keys j ≤ i - W enter through the gated state,
+all under one normaliser (the window hybrid):
 
     out_i = (Σ_{j∈win(i)} e^{s q_i·k_j} [v_j, 1] + λ Σ_{j ≤ i-W} Σ_f φ_f(q_i) w_ij,f φ_f(k_j) [v_j, 1])_{:Dv} / (…)_{Dv}
 

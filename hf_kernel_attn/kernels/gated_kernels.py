@@ -4,7 +4,8 @@ decoding, the ``window=W`` hybrid, exact softmax heads).
 
 Gates are computed from the layer's (RoPE-rotated) keys through the norms of their rotation pairs,
 ρ_{t,i} = ||(k_{t,i}, k_{t,i+D/2})|| (transformers' rotate_half pairing; ``rope_pairs="interleaved"`` for
-(k_{t,2i}, k_{t,2i+1})), which RoPE leaves unchanged, so a gate does not depend on where the token sits. Subclasses define :meth:`GatedKernel.log_gate`.
+(k_{t,2i}, k_{t,2i+1})), which RoPE leaves unchanged, so a gate does not depend on where the token sits.
+Subclasses define :meth:`GatedKernel.log_gate`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from torch import nn
 
 from .base import LayerShape, group_queries, ungroup_output
 from .feature_maps import HedgehogKernel, HedgehogOptions, LinearKernel, LinearOptions
-from .gated import (GATED_CHUNK, MAX_CHUNK_LOG_RANGE, MIN_LOG_GATE, cumulative, gated_hybrid, gated_linear,
-                    per_feature)
+from .gated import GATED_CHUNK, MAX_CHUNK_LOG_RANGE, MIN_LOG_GATE, cumulative, gated_hybrid, gated_linear, per_feature
 from .linear import normalize
 
 
