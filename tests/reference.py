@@ -347,13 +347,18 @@ def hedgehog_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     return _linear_from_scores(kern, q, k, scaling, causal, scores, vd, vis)
 
 
-def _pair_norms_ref(x):
-    """‖(x_2i, x_2i+1)‖ for each rotation pair, coordinate by coordinate (the last alone for odd D)."""
+def _rope_partner(j, d, rope_pairs):
+    """The pair of coordinate j under RoPE's pairing: (i, i + ⌈D/2⌉) ("half", rotate_half) or (2i, 2i+1)."""
+    return j % -(-d // 2) if rope_pairs == "half" else j // 2
+
+
+def _pair_norms_ref(x, rope_pairs="half"):
+    """‖(x_a, x_b)‖ for each rotation pair, coordinate by coordinate (a coordinate without partner alone)."""
     d = x.shape[-1]
-    cols = []
-    for i in range(0, d, 2):
-        sq = x[..., i] ** 2 + (x[..., i + 1] ** 2 if i + 1 < d else 0.0)
-        cols.append(torch.sqrt(torch.clamp(sq, min=1e-12)))
+    members = {}
+    for j in range(d):
+        members.setdefault(_rope_partner(j, d, rope_pairs), []).append(j)
+    cols = [torch.sqrt(torch.clamp(sum(x[..., j] ** 2 for j in members[i]), min=1e-12)) for i in sorted(members)]
     return torch.stack(cols, -1)
 
 
@@ -378,7 +383,7 @@ def _clamped_gate(log_alpha):
 
 
 def liger_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
-    """φ(x) = [softmax(s^1/2 x), softmax(-s^1/2 x)], α_t,f = σ(gate_bias + s^1/2 ρ_t,(f mod D)//2) (ρ: RoPE-pair
+    """φ(x) = [softmax(s^1/2 x), softmax(-s^1/2 x)], α_t,f = σ(gate_bias + s^1/2 ρ_t,pair(f mod D)) (ρ: RoPE-pair
     norms of k_t), log α clamped at -1.25."""
     s = _scale(q, scaling)
     hq, d = q.shape[1], q.shape[-1]
@@ -392,8 +397,9 @@ def liger_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
         return torch.cat([sm(p), sm(-p)], -1)
 
     qd, kd = q.to(f64), k.to(f64)
-    rho = _pair_norms_ref(kd) * math.sqrt(s)
-    per_dim = torch.stack([rho[..., j // 2] for j in range(d)], -1)
+    pairs = kern.options.rope_pairs
+    rho = _pair_norms_ref(kd, pairs) * math.sqrt(s)
+    per_dim = torch.stack([rho[..., _rope_partner(j, d, pairs)] for j in range(d)], -1)
     alpha = _clamped_gate(torch.log(torch.sigmoid(kern.options.gate_bias + per_dim)))
     alpha = torch.cat([alpha, alpha], -1)
     scores = _gated_scores(phi(qd), repeat_kv(phi(kd), hq), repeat_kv(alpha, hq), q.shape[-2], k.shape[-2])
@@ -406,7 +412,7 @@ def gla_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     s = _scale(q, scaling)
     hq, hkv = q.shape[1], k.shape[1]
     fq, fk = _hedgehog_features(kern, q, k, s)
-    rho = _pair_norms_ref(k.to(f64)) * math.sqrt(s)  # [B, Hkv, M, P]
+    rho = _pair_norms_ref(k.to(f64), kern.options.rope_pairs) * math.sqrt(s)  # [B, Hkv, M, P]
     down, up, beta = kern.gate_down.to(f64), kern.gate_up.to(f64), kern.gate_bias.to(f64)
     logits = torch.stack([rho[:, h] @ down[h] @ up[h] + beta[h] for h in range(hkv)], 1)
     alpha = _clamped_gate(torch.log(torch.sigmoid(logits)) / kern.options.gate_temperature)

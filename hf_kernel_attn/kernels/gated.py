@@ -4,17 +4,18 @@ Transformers with Hardware-Efficient Training"), normalised as the other feature
     S_t = diag(α_t) S_{t-1} + φ(k_t) [v_t, 1]ᵀ,      out_t = φ(q_t)ᵀ S_t[:, :Dv] / max(φ(q_t)ᵀ S_t[:, Dv], eps)
 
 so key j reaches query i ≥ j with weight w_ij = exp(b_i - b_j) per feature, b_t = Σ_{s ≤ t} log α_s ≤ 0 (α per
-key feature, or one per head broadcast over the features). Bidirectionally, j > i weighs exp(b_j - b_i), the
-same recurrence run backwards. With a window W (the LoLCATs / Liger hybrid), the W most recent keys are exact
-softmax and only keys j ≤ i - W enter through the gated state, all under one normaliser (kernels/window.py):
+key feature, one per head, or Γ gates tiled over the F features: feature f decays by gate f mod Γ).
+Bidirectionally, j > i weighs exp(b_j - b_i), the same recurrence run backwards. With a window W (the LoLCATs /
+Liger hybrid), the W most recent keys are exact softmax and only keys j ≤ i - W enter through the gated state,
+all under one normaliser (the window hybrid):
 
     out_i = (Σ_{j∈win(i)} e^{s q_i·k_j} [v_j, 1] + λ Σ_{j ≤ i-W} Σ_f φ_f(q_i) w_ij,f φ_f(k_j) [v_j, 1])_{:Dv} / (…)_{Dv}
 
-Evaluation: chunks of C positions; inside a chunk the pairwise weights come from q̃ = φ(q) ⊙ e^{b_t - b₀} and
-k̃ = φ(k) ⊙ e^{b₀ - b_j} (b₀ the log-decay at the chunk's start), across chunks a state of F × (Dv + 1) per KV
-head; with a window, the state's keys are the keys W positions back, k'_t = φ(k_{t-W}) ⊙ e^{b_t - b_{t-W}}, so
-one causal pass yields the part beyond the window. log α is clamped at ``MIN_LOG_GATE`` so that e^{b₀ - b_j}
-stays finite in fp32 within a chunk, in the forward and in the backward's products (C · 1.25 ≤ 40; GLA's
+Evaluation (:class:`GatedScan`, with a hand-written backward): chunks of C positions; inside a chunk the pairwise
+weights come from q̃ = φ(q) ⊙ e^{b_t - b_r} and k̃ = φ(k) ⊙ e^{b_r - b_j} (b_r the log-decay at the chunk's middle),
+across chunks a state of F × (Dv + 1) per KV head; with a window, the state's keys are the keys W positions
+back, k'_t = φ(k_{t-W}) ⊙ e^{b_t - b_{t-W}}, so one causal pass yields the part beyond the window. log α is
+clamped at ``MIN_LOG_GATE`` so that e^{±(b_t - b_r)} stays finite in fp32 within a chunk (C/2 · 1.25 ≤ 40; GLA's
 log σ(·)/16 gates reach the bound only for logits below -20).
 
 The state of a call (:class:`.linear.LinearState`: S ``[B, Hkv, F, Dv]``, z ``[B, Hkv, F]``) holds the keys
@@ -29,8 +30,28 @@ from .base import accum
 from .linear import LinearState, with_ones
 
 MIN_LOG_GATE = -1.25
-GATED_CHUNK = 32
-MAX_CHUNK_LOG_RANGE = 40.0  # C · |MIN_LOG_GATE|: e^{40} factors, and their products in the backward, stay finite
+GATED_CHUNK = 64
+MAX_CHUNK_LOG_RANGE = 80.0  # C · |MIN_LOG_GATE|: factors up to e^{C/2 · 1.25} = e^{40} stay finite in fp32
+
+
+def grouped(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """x ⊙ factor with ``factor`` ``[..., Γ]`` tiled over the features ``[..., F]``: gate i covers every feature
+    f ≡ i (mod Γ) (Γ = F: one per feature, Γ = 1: one per head)."""
+    gates = factor.shape[-1]
+    if gates == x.shape[-1] or gates == 1:
+        return x * factor
+    return (x.unflatten(-1, (-1, gates)) * factor.unsqueeze(-2)).flatten(-2)
+
+
+def per_feature(factor: torch.Tensor, features: int) -> torch.Tensor:
+    """``[..., Γ]`` -> ``[..., F]``: the gates tiled over the features (feature f reads gate f mod Γ)."""
+    gates = factor.shape[-1]
+    return factor if gates == features else factor.repeat(*([1] * (factor.dim() - 1)), features // gates)
+
+
+def _group_sum(x: torch.Tensor, gates: int) -> torch.Tensor:
+    """``[..., F]`` -> ``[..., Γ]``: for each gate, the sum over the features it covers."""
+    return x.unflatten(-1, (-1, gates)).sum(-2)
 
 
 def cumulative(log_gate: torch.Tensor) -> torch.Tensor:
@@ -48,7 +69,152 @@ def _shifted(fk: torch.Tensor, v: torch.Tensor, log_gate: torch.Tensor, window: 
     decay = (b[..., window:, :] - b[..., :n - window, :]).exp()
     pad_k = fk.new_zeros(*fk.shape[:-2], window, fk.shape[-1])
     pad_v = v.new_zeros(*v.shape[:-2], window, v.shape[-1])
-    return torch.cat([pad_k, fk[..., :n - window, :] * decay], -2), torch.cat([pad_v, v[..., :n - window, :]], -2)
+    shifted_k = torch.cat([pad_k, grouped(fk[..., :n - window, :], decay)], -2)
+    return shifted_k, torch.cat([pad_v, v[..., :n - window, :]], -2)
+
+
+def _chunks(fq, fk, v1, log_gate, c: int):
+    """Pad N to a multiple of ``c`` (zero keys, values, queries and log-gates after the end change nothing before
+    it) and view every input by chunk: ``[B, H, G, nc, C, F]``, ``[B, H, nc, C, ·]``."""
+    b_, h, g, n, f = fq.shape
+    nc = -(-n // c)
+    pad = nc * c - n
+    if pad:
+        fq, fk, v1, log_gate = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (fq, fk, v1, log_gate))
+    return (fq.reshape(b_, h, g, nc, c, f), fk.reshape(b_, h, nc, c, f), v1.reshape(b_, h, nc, c, -1),
+            log_gate.reshape(b_, h, nc, c, -1))
+
+
+def scale_rows(state: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """A state ``[..., F, E]`` with row f scaled by its gate's factor ``[..., Γ]`` (gate f mod Γ)."""
+    gates = factor.shape[-1]
+    if gates == 1 or gates == state.shape[-2]:
+        return state * factor.unsqueeze(-1)
+    return (state.unflatten(-2, (-1, gates)) * factor[..., None, :, None]).flatten(-3, -2)
+
+
+class _ChunkFactors:
+    """The gate factors of every chunk, relative to a reference position r = C/2 - 1 inside it (b_t from the
+    chunk's start, ``[B, H, nc, C, Γ]``): q̃ = φ(q) e^{b_t - b_r} and k̃ = φ(k) e^{b_r - b_j}, both ≤ e^{(C/2)|log α|max}
+    ≤ e^{40} in fp32, whose product is e^{b_t - b_j} ≤ 1 for every visible pair j ≤ t. Rows of a state are scaled
+    by ``start_to_ref`` = e^{b_r} (the state entering the chunk, as q̃ reads it), ``ref_to_end`` = e^{b_end - b_r}
+    (k̃ as the chunk's end sees it) and ``carry`` = e^{b_end} (``[B, H, nc, Γ]``)."""
+
+    def __init__(self, q, k, g):
+        rel = g.cumsum(-2)
+        ref = rel[..., max(0, rel.shape[-2] // 2 - 1), :]
+        end = rel[..., -1, :]
+        self.up = (rel - ref.unsqueeze(-2)).exp()
+        self.down = (ref.unsqueeze(-2) - rel).exp()
+        self.q = grouped(q, self.up.unsqueeze(2))
+        self.k = grouped(k, self.down)
+        self.start_to_ref = ref.exp()
+        self.ref_to_end = (end - ref).exp()
+        self.carry = end.exp()
+
+
+def _entering_states(factors: _ChunkFactors, v, s0):
+    """The state entering each chunk ``[B, H, nc, F, E]`` and the state after the last: S_{i+1} = e^{b_end,i} ⊙ S_i
+    + e^{b_end - b_r} ⊙ k̃ᵀ v1, per row. One batched matmul for the chunks' own sums, then one pass over the
+    chunks (one fused multiply-add each, written in place)."""
+    updates = scale_rows(factors.k.transpose(-1, -2) @ v, factors.ref_to_end)  # [B, H, nc, F, E]
+    return _running(updates, per_feature(factors.carry, updates.shape[-2]).unsqueeze(-1), s0, reverse=False)
+
+
+def _running(updates: torch.Tensor, carry: torch.Tensor, s0: torch.Tensor, reverse: bool):
+    """x_0 = s0, x_{i+1} = carry_i ⊙ x_i + updates_i over the chunks (dim 2; from the last chunk when ``reverse``):
+    every x_i before its update ``[B, H, nc, F, E]``, and the last x."""
+    nc = updates.shape[2]
+    out = torch.empty(*updates.shape[:2], nc + 1, *updates.shape[3:], dtype=updates.dtype, device=updates.device)
+    order = range(nc - 1, -1, -1) if reverse else range(nc)
+    first = nc if reverse else 0
+    out[:, :, first] = s0
+    for i in order:
+        src, dst = (i + 1, i) if reverse else (i, i + 1)
+        torch.addcmul(updates[:, :, i], out[:, :, src], carry[:, :, i], out=out[:, :, dst])
+    return (out[:, :, 1:], out[:, :, 0]) if reverse else (out[:, :, :nc], out[:, :, nc])
+
+
+def _visible_scores(a: torch.Tensor, b: torch.Tensor, upper: torch.Tensor) -> torch.Tensor:
+    """a bᵀ with the pairs j > t zeroed (where the factors' product may overflow, masked_fill, not a multiply)."""
+    return (a @ b.transpose(-1, -2)).masked_fill_(upper, 0.0)
+
+
+class GatedScan(torch.autograd.Function):
+    """The chunked causal gated scan with a recomputing backward (nothing N-sized saved beyond the inputs).
+
+    Forward, per chunk (factors of :class:`_ChunkFactors`, A = tril(q̃ k̃ᵀ)): o = A v1 + q̃ (e^{b_r} ⊙ S_in).
+    Backward, per chunk, with dS_out the gradient of the state after the chunk (one reverse pass:
+    dS_in = e^{b_end} ⊙ dS_out + e^{b_r} ⊙ q̃ᵀ do) and dA = tril(do v1ᵀ), D = e^{b_end - b_r} ⊙ dS_out:
+
+        dq = (dA k̃ + do (e^{b_r} ⊙ S_in)ᵀ) ⊙ e^{b_t - b_r},   dk = (dAᵀ q̃ + v1 Dᵀ) ⊙ e^{b_r - b_t},   dv1 = Aᵀ do + k̃ D,
+
+    and the gates from the identity of gated linear attention (Yang et al. 2024, §4): q and k enter only as
+    φ(q_t) e^{b_t} and φ(k_t) e^{-b_t}, so ∂L/∂b_t = φ(q_t) ⊙ dq_t - φ(k_t) ⊙ dk_t (+ S_N ⊙ dS_N summed over the
+    values at the last position, through the returned state), summed over each gate's features, and
+    ∂L/∂log α_s = Σ_{t ≥ s} ∂L/∂b_t.
+    """
+
+    @staticmethod
+    def forward(ctx, fq, fk, v1, log_gate, s0, chunk_size):
+        b_, h, g, n, f = fq.shape
+        c = min(chunk_size, n)
+        q, k, v, gate = _chunks(fq, fk, v1, log_gate, c)
+        rel = gate.cumsum(-2)
+        ref = rel[..., max(0, c // 2 - 1), :]
+        to_ref = per_feature(ref.exp(), f).unsqueeze(-1)  # [B, H, nc, F, 1]
+        to_end = per_feature((rel[..., -1, :] - ref).exp(), f).unsqueeze(-1)
+        up, down = (rel - ref.unsqueeze(-2)).exp(), (ref.unsqueeze(-2) - rel).exp()
+        upper = torch.ones(c, c, dtype=torch.bool, device=q.device).triu(1)
+        out = q.new_empty(b_, h, g, q.shape[3], c, v.shape[-1])
+        s = s0
+        for i in range(q.shape[3]):  # one chunk at a time, everything in cache (module docstring)
+            qi = grouped(q[:, :, :, i], up[:, :, i].unsqueeze(2))
+            ki = grouped(k[:, :, i], down[:, :, i]).unsqueeze(2)
+            w = s * to_ref[:, :, i]  # e^{b_r} ⊙ S
+            oi = _visible_scores(qi, ki, upper) @ v[:, :, i].unsqueeze(2)
+            out[:, :, :, i] = oi.add_(qi @ w.unsqueeze(2))
+            s = w.add_(ki.squeeze(2).transpose(-1, -2) @ v[:, :, i]).mul_(to_end[:, :, i])
+        ctx.save_for_backward(fq, fk, v1, log_gate, s0, s)
+        ctx.chunk = c
+        return out.reshape(b_, h, g, -1, v1.shape[-1])[..., :n, :], s
+
+    @staticmethod
+    def backward(ctx, d_out, d_final):
+        with torch.autocast(d_out.device.type, enabled=False):  # a backward run inside an autocast region
+            return GatedScan._backward(ctx, d_out, d_final)
+
+    @staticmethod
+    def _backward(ctx, d_out, d_final):
+        fq, fk, v1, log_gate, s0, final = ctx.saved_tensors
+        c = ctx.chunk
+        b_, h, g, n, f = fq.shape
+        e, gates = v1.shape[-1], log_gate.shape[-1]
+        if d_out is None:
+            d_out = fq.new_zeros(b_, h, g, n, e)
+        if d_final is None:
+            d_final = torch.zeros_like(final)
+        q, k, v, gate = _chunks(fq, fk, v1, log_gate, c)
+        nc = q.shape[3]
+        do = torch.nn.functional.pad(d_out, (0, 0, 0, nc * c - n)).reshape(b_, h, g, nc, c, e)
+        factors = _ChunkFactors(q, k, gate)
+        states, _ = _entering_states(factors, v, s0)
+        from_out = scale_rows((factors.q.transpose(-1, -2) @ do).sum(2), factors.start_to_ref)  # [B, H, nc, F, E]
+        d_after, ds = _running(from_out, per_feature(factors.carry, f).unsqueeze(-1), d_final, reverse=True)
+        d_end = scale_rows(d_after, factors.ref_to_end)
+        upper = torch.ones(c, c, dtype=torch.bool, device=q.device).triu(1)
+        k_t, v_t = factors.k.unsqueeze(2), v.unsqueeze(2)
+        d_scores = _visible_scores(do, v_t, upper)  # [B, H, G, nc, C, C]
+        dq = (d_scores @ k_t).add_(do @ scale_rows(states, factors.start_to_ref).unsqueeze(2).transpose(-1, -2))
+        dq = grouped(dq, factors.up.unsqueeze(2))
+        dk = grouped((d_scores.transpose(-1, -2) @ factors.q).sum(2).add_(v @ d_end.transpose(-1, -2)), factors.down)
+        scores = _visible_scores(factors.q, k_t, upper)
+        dv = (scores.transpose(-1, -2) @ do).sum(2).add_(factors.k @ d_end)
+        d_b = _group_sum((q * dq).sum(2) - k * dk, gates).reshape(b_, h, -1, gates)
+        d_b[:, :, -1] += _group_sum((final * d_final).sum(-1), gates)  # b_N scales the returned state
+        d_gate = d_b.flip(-2).cumsum(-2).flip(-2)[:, :, :n]
+        return (dq.reshape(b_, h, g, -1, f)[..., :n, :], dk.reshape(b_, h, -1, f)[:, :, :n],
+                dv.reshape(b_, h, -1, e)[:, :, :n], d_gate, ds, None)
 
 
 def gated_causal(fq: torch.Tensor, fk: torch.Tensor, v1: torch.Tensor, log_gate: torch.Tensor,
@@ -58,39 +224,14 @@ def gated_causal(fq: torch.Tensor, fk: torch.Tensor, v1: torch.Tensor, log_gate:
 
     ``fq`` ``[B, H, G, N, F]``, ``fk`` ``[B, H, N, F]``, ``v1`` ``[B, H, N, E]`` (values with their ones column),
     ``log_gate`` ``[B, H, N, F]`` or ``[B, H, N, 1]``, ``state`` ``[B, H, F, E]`` or None; returns o
-    ``[B, H, G, N, E]`` and S_N. Every chunk's in-chunk part in one batched matmul, then the chunk states in one
-    pass over the chunks; differentiable in every input (autograd)."""
+    ``[B, H, G, N, E]`` and S_N. Chunks of ``chunk_size``: every chunk's own part in one batched matmul, the
+    chunk states in one pass over the chunks; differentiable in every input through :class:`GatedScan`."""
     b_, h, g, n, f = fq.shape
     e = v1.shape[-1]
     s0 = fq.new_zeros(b_, h, f, e) if state is None else state
     if n == 0:
         return fq.new_zeros(b_, h, g, 0, e), s0
-    c = min(chunk_size, n)
-    nc = -(-n // c)
-    pad = nc * c - n
-    if pad:  # zero keys, values and gates (log α = 0) after the end change nothing before it
-        fq = torch.nn.functional.pad(fq, (0, 0, 0, pad))
-        fk = torch.nn.functional.pad(fk, (0, 0, 0, pad))
-        v1 = torch.nn.functional.pad(v1, (0, 0, 0, pad))
-        log_gate = torch.nn.functional.pad(log_gate, (0, 0, 0, pad))
-    gf = log_gate.shape[-1]
-    bc = log_gate.reshape(b_, h, nc, c, gf).cumsum(-2)  # b relative to each chunk's start
-    grow = bc.exp()  # e^{b_t} <= 1
-    qc = fq.reshape(b_, h, g, nc, c, f) * grow.unsqueeze(2)  # φ(q_t) e^{b_t}
-    kc = fk.reshape(b_, h, nc, c, f) * (-bc).exp()  # φ(k_j) e^{-b_j} <= e^{40} (not 1 / grow: its backward overflows)
-    vc = v1.reshape(b_, h, nc, c, e)
-    tril = torch.ones(c, c, dtype=fq.dtype, device=fq.device).tril()
-    scores = (qc @ kc.unsqueeze(2).transpose(-1, -2)) * tril  # [B, H, G, nc, C, C]
-    out = scores @ vc.unsqueeze(2)
-    carries = grow[:, :, :, -1:].transpose(-1, -2)  # [B, H, nc, F or 1, 1]: e^{b} over each whole chunk
-    updates = (kc.transpose(-1, -2) @ vc) * carries  # Σ_j e^{b_end - b_j} φ(k_j) v1_jᵀ  [B, H, nc, F, E]
-    before = []  # the state entering each chunk
-    s = s0
-    for i in range(nc):
-        before.append(s)
-        s = s * carries[:, :, i] + updates[:, :, i]
-    out = out + qc @ torch.stack(before, 2).unsqueeze(2)
-    return out.reshape(b_, h, g, nc * c, e)[..., :n, :], s
+    return GatedScan.apply(fq, fk, v1, log_gate, s0, chunk_size)
 
 
 def fold(fk: torch.Tensor, v1: torch.Tensor, log_gate: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
@@ -98,10 +239,10 @@ def fold(fk: torch.Tensor, v1: torch.Tensor, log_gate: torch.Tensor, state: torc
     v1_jᵀ (``[B, H, F, E]``)."""
     b = cumulative(log_gate)
     last = b[:, :, -1:] if b.shape[-2] else torch.zeros_like(log_gate[:, :, :1])
-    folded = (fk * (last - b).exp()).transpose(-1, -2) @ v1
+    folded = grouped(fk, (last - b).exp()).transpose(-1, -2) @ v1
     if state is None:
         return folded
-    return state * last.transpose(-1, -2).exp() + folded
+    return grouped(state.transpose(-1, -2), last.exp()).transpose(-1, -2) + folded
 
 
 def _reverse_gates(log_gate: torch.Tensor) -> torch.Tensor:

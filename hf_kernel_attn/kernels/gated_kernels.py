@@ -3,8 +3,9 @@ evaluated by :mod:`.gated` (every form of the other feature maps: bidirectional,
 decoding, the ``window=W`` hybrid, exact softmax heads).
 
 Gates are computed from the layer's (RoPE-rotated) keys through the norms of their rotation pairs,
-ρ_{t,i} = ||(k_{t,2i}, k_{t,2i+1})||, which RoPE leaves unchanged, so a gate does not depend on where the token
-sits. Subclasses define :meth:`GatedKernel.log_gate`.
+ρ_{t,i} = ||(k_{t,i}, k_{t,i+D/2})|| (transformers' rotate_half pairing; ``rope_pairs="interleaved"`` for
+(k_{t,2i}, k_{t,2i+1})), which RoPE leaves unchanged, so a gate does not depend on where the token sits.
+Subclasses define :meth:`GatedKernel.log_gate`.
 """
 
 from __future__ import annotations
@@ -18,16 +19,20 @@ from torch import nn
 
 from .base import LayerShape, group_queries, ungroup_output
 from .feature_maps import HedgehogKernel, HedgehogOptions, LinearKernel, LinearOptions
-from .gated import GATED_CHUNK, MAX_CHUNK_LOG_RANGE, MIN_LOG_GATE, cumulative, gated_hybrid, gated_linear
+from .gated import GATED_CHUNK, MAX_CHUNK_LOG_RANGE, MIN_LOG_GATE, cumulative, gated_hybrid, gated_linear, per_feature
 from .linear import normalize
 
 
 @dataclasses.dataclass
 class GatedOptions(LinearOptions):
     chunk_size: int = GATED_CHUNK
+    rope_pairs: str = "half"  # RoPE's rotation pairs: (i, i + D/2) ("half", transformers' rotate_half) or (2i, 2i+1)
 
     def validate(self) -> None:
         super().validate()
+        if self.rope_pairs not in ROPE_PAIRS:
+            raise ValueError(f"rope_pairs={self.rope_pairs!r}: choose one of {', '.join(ROPE_PAIRS)} (how the model's "
+                             "RoPE pairs the coordinates it rotates together)")
         if self.sinks:
             raise ValueError(f"sinks={self.sinks}: gated kernels take a window (window=W) but no sinks yet; set "
                              "sinks=0")
@@ -37,13 +42,24 @@ class GatedOptions(LinearOptions):
                              "finite in fp32)")
 
 
-def pair_norms(k: torch.Tensor) -> torch.Tensor:
-    """``[..., D]`` -> ``[..., ⌈D/2⌉]``: the norm of each RoPE rotation pair (the last coordinate alone for odd D)."""
-    d = k.shape[-1]
-    sq = k.pow(2)
-    if d % 2:
-        sq = torch.cat([sq, torch.zeros_like(sq[..., :1])], -1)
-    return sq.view(*sq.shape[:-1], -1, 2).sum(-1).clamp_min(1e-12).sqrt()
+ROPE_PAIRS = ("half", "interleaved")
+
+
+def rope_halves(x: torch.Tensor, rope_pairs: str) -> torch.Tensor:
+    """The coordinates reordered so that RoPE's rotation pairs are (i, i + P), P = ⌈D/2⌉: unchanged for "half"
+    (transformers' rotate_half), [x_0, x_2, …, x_1, x_3, …] for "interleaved" (rotate_every_two)."""
+    return x if rope_pairs == "half" else torch.cat([x[..., 0::2], x[..., 1::2]], -1)
+
+
+def pair_norms(h: torch.Tensor) -> torch.Tensor:
+    """``[..., D]`` (ordered by :func:`rope_halves`) -> ``[..., ⌈D/2⌉]``: ρ_i = ||(h_i, h_{i+P})||, the norm of each
+    rotation pair, which RoPE leaves unchanged (the middle coordinate alone for odd D)."""
+    p = -(-h.shape[-1] // 2)
+    sq = h.pow(2)
+    first, second = sq[..., :p], sq[..., p:]
+    if second.shape[-1] < p:
+        second = torch.nn.functional.pad(second, (0, 1))
+    return (first + second).clamp_min(1e-12).sqrt()
 
 
 class GatedKernel(LinearKernel):
@@ -54,7 +70,9 @@ class GatedKernel(LinearKernel):
     options_cls = GatedOptions
 
     def log_gate(self, k: torch.Tensor, scaling: float) -> torch.Tensor:
-        """log α_t ≤ 0 ``[B, Hkv, M, F]`` (or ``[..., 1]``, one per head) from the keys ``[B, Hkv, M, D]``."""
+        """log α_t ≤ 0 ``[B, Hkv, M, Γ]`` from the keys ``[B, Hkv, M, D]``: Γ = F (one gate per feature), Γ = 1
+        (one per head) or any Γ dividing F, gate i covering every feature f ≡ i (mod Γ) (fewer gates are
+        cheaper)."""
         raise NotImplementedError
 
     def gates(self, k: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -63,11 +81,11 @@ class GatedKernel(LinearKernel):
     def scores(self, q, k, scaling):
         """κ_ij = Σ_f φ_f(q_i) φ_f(k_j) e^{-|b_{p_i} - b_j|_f} ``[B, Hq, N, M]`` (query i at position M - N + i)."""
         fq, fk = self.features(q, k, scaling)  # [B, H, G, N, F], [B, H, M, F]
-        b = cumulative(self.gates(k, scaling))  # [B, H, M, F or 1]
+        b = per_feature(cumulative(self.gates(k, scaling)), fk.shape[-1])  # [B, H, M, F]
         n, m = q.shape[-2], k.shape[-2]
         bq = b[:, :, m - n:]
         weight = (-(bq[:, :, :, None] - b[:, :, None, :]).abs()).exp()  # [B, H, N, M, F]
-        kappa = torch.einsum("bhgnf,bhmf,bhnmf->bhgnm", fq, fk, weight.expand(*weight.shape[:-1], fk.shape[-1]))
+        kappa = torch.einsum("bhgnf,bhmf,bhnmf->bhgnm", fq, fk, weight)
         return kappa.flatten(1, 2)
 
     def _feature_map_with_state(self, q, k, v, key_mask, causal, scaling, state, offset, need_state):
@@ -98,25 +116,29 @@ class LigerOptions(GatedOptions):
 class LigerKernel(GatedKernel):
     """Liger-style gated linear attention with no new weights (Lan et al., ICML 2025, "Liger: Linearizing Large
     Language Models to Gated Recurrent Structures"): φ(x) = [softmax(s^1/2 x), softmax(-s^1/2 x)] and a gate
-    pooled from the layer's own keys, log α_{t,f} = log σ(gate_bias + s^1/2 ρ_{t,i(f)}) with ρ the RoPE-pair
-    norms of k_t (feature f of either half reads pair i(f) = (f mod D) // 2). Conversion trains the model's own
-    projections (LoRA) around it; use it with a window (``window=64``), as Liger does."""
+    pooled from the layer's own keys, one per RoPE rotation pair i, log α_{t,i} = log σ(gate_bias + s^1/2 ρ_{t,i})
+    with ρ the pair norms of k_t; coordinate j of either softmax reads the gate of its pair. Coordinates are taken
+    in :func:`rope_halves` order (zero-padded to 2P for odd D), so pair i's features are i mod P and the gates tile
+    the features. Conversion trains the model's own projections (LoRA) around it; use it with a window
+    (``window=64``), as Liger does."""
 
     name = "liger"
     options_cls = LigerOptions
     paper = "Lan et al., ICML 2025, Liger: Linearizing LLMs to Gated Recurrent Structures"
 
     def num_features(self) -> int:
-        return 2 * self.shape.head_dim
+        return 4 * -(-self.shape.head_dim // 2)
 
     def feature(self, x, pos, scaling):
-        p = x * math.sqrt(scaling)
-        return torch.cat([torch.softmax(p, -1), torch.softmax(-p, -1)], -1)
+        h = rope_halves(x, self.options.rope_pairs)
+        features = torch.softmax(torch.stack([h, -h], -2).mul_(math.sqrt(scaling)), -1)  # [..., 2, D]
+        if x.shape[-1] % 2:  # the middle coordinate's partner is a zero feature
+            features = torch.nn.functional.pad(features, (0, 1))
+        return features.flatten(-2)
 
     def log_gate(self, k, scaling):
-        rho = pair_norms(k) * math.sqrt(scaling)  # [B, H, M, ⌈D/2⌉]
-        per_dim = rho.repeat_interleave(2, -1)[..., :k.shape[-1]]
-        return nn.functional.logsigmoid(self.options.gate_bias + per_dim).repeat(1, 1, 1, 2)
+        rho = pair_norms(rope_halves(k, self.options.rope_pairs)) * math.sqrt(scaling)
+        return nn.functional.logsigmoid(self.options.gate_bias + rho)  # [B, H, M, P]
 
 
 @dataclasses.dataclass
@@ -160,7 +182,7 @@ class GlaKernel(GatedKernel, HedgehogKernel):
             self.gate_bias.fill_(4.0)
 
     def log_gate(self, k, scaling):
-        rho = pair_norms(k) * math.sqrt(scaling)  # [B, H, M, P]
+        rho = pair_norms(rope_halves(k, self.options.rope_pairs)) * math.sqrt(scaling)  # [B, H, M, P]
         dtype = rho.dtype
         logits = rho @ self.gate_down.to(dtype)[None] @ self.gate_up.to(dtype)[None] + self.gate_bias.to(dtype)[
             None, :, None]
