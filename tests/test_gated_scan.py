@@ -1,4 +1,4 @@
-"""The gated scan (kernels/gated.py) against a float64 token-by-token recurrence written here, its hand-written
+"""The gated scan (kernels/linear/gated.py) against a float64 token-by-token recurrence written here, its hand-written
 backward against autograd through that recurrence and against finite differences, and the gated kernels' gates
 against transformers' own rotary embeddings (a gate computed from RoPE-rotated keys must not depend on the
 position)."""
@@ -12,7 +12,7 @@ from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_rotary
 
 from hf_kernel_attn.kernels import LayerShape, build_kernel
-from hf_kernel_attn.kernels.gated import GatedScan, gated_causal
+from hf_kernel_attn.kernels.linear.gated import GatedScan, gated_causal
 
 f64 = torch.float64
 

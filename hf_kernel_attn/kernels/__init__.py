@@ -11,14 +11,16 @@ from .feature_maps import (
     CosformerKernel,
     DijiangKernel,
     EluKernel,
+    GatedKernel,
+    GlaKernel,
     HedgehogKernel,
+    LigerKernel,
     LinearKernel,
     LinearOptions,
     PerformerKernel,
     ReluKernel,
     TaylorKernel,
 )
-from .gated_kernels import GatedKernel, GlaKernel, LigerKernel
 from .gaussian import GaussianKernel
 from .registry import KERNELS, add_kernel, defining_module, import_modules, is_builtin, kernel_class
 from .skyformer import SkyformerKernel

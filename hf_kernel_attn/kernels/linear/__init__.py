@@ -11,7 +11,8 @@ kernel classes; those are in :mod:`..feature_maps`):
 * :mod:`.chunk` — :func:`scan` / :func:`causal_chunked`: the chunked causal form and its recomputing backward;
 * :mod:`.bidirectional` — :func:`bidirectional`: O(N), one global state (two scans when there is a decay);
 * :mod:`.cost` — the form-choice cost model: which evaluation order, what block sizes;
-* :mod:`.window` — the sliding-window hybrid: exact softmax over the last W keys, the feature map beyond.
+* :mod:`.window` — the sliding-window hybrid: exact softmax over the last W keys, the feature map beyond;
+* :mod:`.gated` — gated linear attention (a data-dependent decay per token): every form above with gates.
 
 Shapes: ``fq`` ``[B, Hkv, G, N, F]`` (query heads grouped by KV head), ``fk`` ``[B, Hkv, M, F]``,
 ``v`` ``[B, Hkv, M, Dv]``; ``log_decay`` ``[Hkv]`` (log γ ≤ 0) or None.

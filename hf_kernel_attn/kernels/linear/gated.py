@@ -7,7 +7,7 @@ so key j reaches query i ≥ j with weight w_ij = exp(b_i - b_j) per feature, b_
 key feature, one per head, or Γ gates tiled over the F features: feature f decays by gate f mod Γ).
 Bidirectionally, j > i weighs exp(b_j - b_i), the same recurrence run backwards. With a window W (the LoLCATs /
 Liger hybrid), the W most recent keys are exact softmax and only keys j ≤ i - W enter through the gated state,
-all under one normaliser (the window hybrid):
+all under one normaliser (as in :mod:`.window`):
 
     out_i = (Σ_{j∈win(i)} e^{s q_i·k_j} [v_j, 1] + λ Σ_{j ≤ i-W} Σ_f φ_f(q_i) w_ij,f φ_f(k_j) [v_j, 1])_{:Dv} / (…)_{Dv}
 
@@ -18,7 +18,7 @@ back, k'_t = φ(k_{t-W}) ⊙ e^{b_t - b_{t-W}}, so one causal pass yields the pa
 clamped at ``MIN_LOG_GATE`` so that e^{±(b_t - b_r)} stays finite in fp32 within a chunk (C/2 · 1.25 ≤ 40; GLA's
 log σ(·)/16 gates reach the bound only for logits below -20).
 
-The state of a call (:class:`.linear.LinearState`: S ``[B, Hkv, F, Dv]``, z ``[B, Hkv, F]``) holds the keys
+The state of a call (:class:`.state.LinearState`: S ``[B, Hkv, F, Dv]``, z ``[B, Hkv, F]``) holds the keys
 before the ones a next call passes again (a window hybrid's last W - 1), decayed to the last of them.
 """
 
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import accum
-from .linear import LinearState, with_ones
+from ..base import accum
+from .state import LinearState, with_ones
 
 MIN_LOG_GATE = -1.25
 GATED_CHUNK = 64

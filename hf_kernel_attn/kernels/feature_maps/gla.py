@@ -1,0 +1,62 @@
+"""GLA: hedgehog's maps with a learnable low-rank gate (Yang et al., ICML 2024)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import nn
+
+from ..base import LayerShape
+from ..linear.gated import GATED_CHUNK
+from .gated import GatedKernel, GatedOptions, pair_norms, rope_halves
+from .hedgehog import HedgehogKernel, HedgehogOptions
+
+
+@dataclasses.dataclass
+class GlaOptions(HedgehogOptions, GatedOptions):
+    gate_rank: int = 16
+    gate_temperature: float = 16.0  # τ: log α = log σ(·) / τ (GLA's normaliser)
+    chunk_size: int = GATED_CHUNK
+
+    def validate(self) -> None:
+        super().validate()
+        if isinstance(self.gate_rank, bool) or not isinstance(self.gate_rank, int) or self.gate_rank <= 0:
+            raise ValueError(f"gate_rank must be an integer > 0, got {self.gate_rank!r}")
+        if isinstance(self.gate_temperature, bool) or not isinstance(self.gate_temperature, (int, float)) \
+                or self.gate_temperature <= 0:
+            raise ValueError(f"gate_temperature must be a number > 0, got {self.gate_temperature!r}")
+
+
+class GlaKernel(GatedKernel, HedgehogKernel):
+    """GLA-style gated linear attention (Yang et al., ICML 2024): hedgehog's learnable feature maps and a
+    learnable low-rank gate per KV head, log α_t = log σ(s^1/2 ρ_t W₁ W₂ + β) / τ with ρ_t the RoPE-pair norms of
+    k_t (W₁ ``[Hkv, ⌈D/2⌉, r]``, W₂ ``[Hkv, r, F]``, β ``[Hkv, F]``); W₂ starts at 0 and β at 4, so every gate
+    starts at α = σ(4)^(1/τ) ≈ 0.999 and attention transfer learns them."""
+
+    name = "gla"
+    options_cls = GlaOptions
+    paper = "Yang et al., ICML 2024, Gated Linear Attention Transformers with Hardware-Efficient Training"
+
+    def __init__(self, shape: LayerShape, options: GlaOptions):
+        super().__init__(shape, options)
+        pairs, r, f = -(-shape.head_dim // 2), options.gate_rank, self.num_features()
+        self.gate_down = nn.Parameter(torch.empty(shape.num_kv_heads, pairs, r))
+        self.gate_up = nn.Parameter(torch.empty(shape.num_kv_heads, r, f))
+        self.gate_bias = nn.Parameter(torch.empty(shape.num_kv_heads, f))
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        gen = torch.Generator().manual_seed(1_000_003 + self.shape.layer_idx)
+        with torch.no_grad():
+            self.gate_down.copy_(torch.randn(self.gate_down.shape, generator=gen) / math.sqrt(self.gate_down.shape[1]))
+            self.gate_up.zero_()
+            self.gate_bias.fill_(4.0)
+
+    def log_gate(self, k, scaling):
+        rho = pair_norms(rope_halves(k, self.options.rope_pairs)) * math.sqrt(scaling)  # [B, H, M, P]
+        dtype = rho.dtype
+        logits = rho @ self.gate_down.to(dtype)[None] @ self.gate_up.to(dtype)[None] + self.gate_bias.to(dtype)[
+            None, :, None]
+        return nn.functional.logsigmoid(logits) / self.options.gate_temperature

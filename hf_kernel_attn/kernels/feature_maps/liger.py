@@ -1,0 +1,49 @@
+"""Liger: gated linear attention with a gate from the layer's own keys (Lan et al., ICML 2025)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import nn
+
+from .gated import GatedKernel, GatedOptions, pair_norms, rope_halves
+
+
+@dataclasses.dataclass
+class LigerOptions(GatedOptions):
+    gate_bias: float = 3.0  # α = σ(gate_bias + s^1/2 ρ): at least σ(3) ≈ 0.95, a memory of ≳ 20 tokens
+
+    def validate(self) -> None:
+        super().validate()
+        if isinstance(self.gate_bias, bool) or not isinstance(self.gate_bias, (int, float)):
+            raise ValueError(f"gate_bias must be a number, got {self.gate_bias!r}")
+
+
+class LigerKernel(GatedKernel):
+    """Liger-style gated linear attention with no new weights (Lan et al., ICML 2025, "Liger: Linearizing Large
+    Language Models to Gated Recurrent Structures"): φ(x) = [softmax(s^1/2 x), softmax(-s^1/2 x)] and a gate
+    pooled from the layer's own keys, one per RoPE rotation pair i, log α_{t,i} = log σ(gate_bias + s^1/2 ρ_{t,i})
+    with ρ the pair norms of k_t; coordinate j of either softmax reads the gate of its pair. Coordinates are taken
+    in :func:`rope_halves` order (zero-padded to 2P for odd D), so pair i's features are i mod P and the gates tile
+    the features. Conversion trains the model's own projections (LoRA) around it; use it with a window
+    (``window=64``), as Liger does."""
+
+    name = "liger"
+    options_cls = LigerOptions
+    paper = "Lan et al., ICML 2025, Liger: Linearizing LLMs to Gated Recurrent Structures"
+
+    def num_features(self) -> int:
+        return 4 * -(-self.shape.head_dim // 2)
+
+    def feature(self, x, pos, scaling):
+        h = rope_halves(x, self.options.rope_pairs)
+        features = torch.softmax(torch.stack([h, -h], -2).mul_(math.sqrt(scaling)), -1)  # [..., 2, D]
+        if x.shape[-1] % 2:  # the middle coordinate's partner is a zero feature
+            features = torch.nn.functional.pad(features, (0, 1))
+        return features.flatten(-2)
+
+    def log_gate(self, k, scaling):
+        rho = pair_norms(rope_halves(k, self.options.rope_pairs)) * math.sqrt(scaling)
+        return nn.functional.logsigmoid(self.options.gate_bias + rho)  # [B, H, M, P]
