@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from ..base import accum
-from .state import LinearState, _decay_powers, query_rows, with_ones
+from .state import LinearState, decay_powers, query_rows, with_ones
 
 DEFAULT_CHUNK = 64
 
@@ -50,10 +50,10 @@ class ChunkTables:
             self.q_decay = self.k_decay = self.carry = None
             return
         log_decay = log_decay.to(device=device, dtype=dtype)
-        intra = _decay_powers(log_decay, (idx[:, None] - idx[None, :]).clamp_min(0)) * tril
+        intra = decay_powers(log_decay, (idx[:, None] - idx[None, :]).clamp_min(0)) * tril
         self.intra = intra.repeat_interleave(gq, 1).repeat_interleave(gk, 2)  # [H, L·gq, L·gk]
-        self.q_decay = _decay_powers(log_decay, idx).repeat_interleave(gq, 1).unsqueeze(-1)
-        self.k_decay = _decay_powers(log_decay, length - idx).repeat_interleave(gk, 1).unsqueeze(-1)
+        self.q_decay = decay_powers(log_decay, idx).repeat_interleave(gq, 1).unsqueeze(-1)
+        self.k_decay = decay_powers(log_decay, length - idx).repeat_interleave(gk, 1).unsqueeze(-1)
         self.carry = torch.exp(log_decay * length).view(-1, 1, 1)
 
     def head_view(self, x: torch.Tensor) -> torch.Tensor:

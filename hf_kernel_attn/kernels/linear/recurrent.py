@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..base import accum
-from .state import LinearState, _decay_powers
+from .state import LinearState, decay_powers
 
 
 def accumulate(
@@ -24,7 +24,7 @@ def accumulate(
         return LinearState(state.S + fk.transpose(-1, -2) @ v, state.z + fk.sum(-2))
     exps = torch.arange(length, 0, -1, device=fk.device, dtype=fk.dtype)
     log_decay = log_decay.to(fk.dtype)
-    w = _decay_powers(log_decay, exps)[None, :, :, None]  # [1, H, L, 1]
+    w = decay_powers(log_decay, exps)[None, :, :, None]  # [1, H, L, 1]
     carry = torch.exp(log_decay * length)[None, :, None]  # [1, H, 1]
     fkw = fk * w
     return LinearState(state.S * carry[..., None] + fkw.transpose(-1, -2) @ v, state.z * carry + fkw.sum(-2))

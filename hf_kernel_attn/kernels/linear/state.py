@@ -84,7 +84,7 @@ class LinearState:
         return cls(s_aug[..., :-1], s_aug[..., -1])
 
 
-def _decay_powers(log_decay: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
+def decay_powers(log_decay: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
     """γ^e per head: ``[H] x [...] -> [H, ...]`` computed as exp(e · ln γ) (never γ^(-m))."""
     return torch.exp(log_decay.view(-1, *([1] * exponents.dim())) * exponents)
 

@@ -27,7 +27,7 @@ from ..base import accum, ungroup_output
 from ..softmax import gather_keys, sink_slots
 from . import cost
 from .recurrent import accumulate
-from .state import LinearState, SinkSet, with_ones
+from .state import LinearState, SinkSet, decay_powers, with_ones
 
 
 def chunk_length(window: int, chunk_size: int, length: int) -> tuple[int, int]:
@@ -65,11 +65,6 @@ def update_sinks(k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None
                    torch.where(sel, gather_keys(vn, idx).to(previous.values.dtype), previous.values),
                    torch.where(fresh, pos, previous.pos), previous.valid | fresh,
                    previous.real_seen + new_real.long().sum(-1), max(previous.seen, offset + m))
-
-
-def _decay_table(log_decay: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
-    """γ_h^e ``[Hkv, *e.shape]`` as exp(e · ln γ)."""
-    return torch.exp(log_decay.view(-1, *([1] * exponents.dim())) * exponents)
 
 
 def hybrid_attention(
@@ -157,7 +152,7 @@ def hybrid_attention(
     if decay is None:
         u = fkc.transpose(-1, -2) @ vc  # [B, Hkv, X, F, Dv + 1]
     else:
-        u = (fkc * _decay_table(decay, c * lag - idx)[:, None, :, None]).transpose(-1, -2) @ vc
+        u = (fkc * decay_powers(decay, c * lag - idx)[:, None, :, None]).transpose(-1, -2) @ vc
     s0 = None if state_in is None else torch.cat([state_in.S, state_in.z.unsqueeze(-1)], -1)
     prefix_states = _running(u[:, :, :chunks], s0, decay, c)  # [B, Hkv, chunks, F, Dv + 1]
     suffix_states = None
@@ -165,7 +160,7 @@ def hybrid_attention(
         # R[c] = Σ_{p ≥ c+2L+1} γ^{(p-2L-c)C} V[p]: the keys of chunks ≥ c + L + 1, decayed to the end of
         # chunk c, with V[p] the chunk sums decayed to the chunk start and by (L - 1)C more
         vsum = u if decay is None else (
-            (fkc * _decay_table(decay, idx + c * (lag - 1))[:, None, :, None]).transpose(-1, -2) @ vc)
+            (fkc * decay_powers(decay, idx + c * (lag - 1))[:, None, :, None]).transpose(-1, -2) @ vc)
         suffix_states = _running(vsum[:, :, 2 * lag + 1:].flip(2), None, decay, c, first_carry=True).flip(2)
         suffix_states = F.pad(suffix_states, (0, 0, 0, 0, 0, chunks - suffix_states.shape[2]))
 
@@ -179,10 +174,10 @@ def hybrid_attention(
     lo, hi = _outside_span(c, width, lag, window, causal)
     band_weight = outside[:, lo:hi].to(q.dtype).expand(hkv, -1, -1)
     if decay is not None:
-        band_weight = _decay_table(decay, dist.abs().to(q.dtype))[..., lo:hi] * band_weight  # [Hkv, C, cols]
+        band_weight = decay_powers(decay, dist.abs().to(q.dtype))[..., lo:hi] * band_weight  # [Hkv, C, cols]
     mix = None if log_mix is None else log_mix.to(q.dtype).exp()  # [Hkv, G]
-    q_to_prefix = None if decay is None else _decay_table(decay, idx)[..., None]  # [Hkv, C, 1]
-    q_to_suffix = None if decay is None else _decay_table(decay, c - idx)[..., None]
+    q_to_prefix = None if decay is None else decay_powers(decay, idx)[..., None]  # [Hkv, C, 1]
+    q_to_suffix = None if decay is None else decay_powers(decay, c - idx)[..., None]
 
     tiny = torch.finfo(q.dtype).tiny
 
@@ -348,7 +343,7 @@ def branch_normalisers(
         win = torch.exp(logits - top).sum(-1)
         scores = fq[..., start:start + block, :] @ fk.unsqueeze(2).transpose(-1, -2)  # [B, Hkv, G, nb, M]
         if log_decay is not None:
-            scores = scores * _decay_table(log_decay.to(q.dtype), dist.abs().to(q.dtype))[None, :, None]
+            scores = scores * decay_powers(log_decay.to(q.dtype), dist.abs().to(q.dtype))[None, :, None]
         far = (scores * outside).sum(-1) * torch.exp(-top[..., 0])
         wins.append(win)
         fars.append(far if mix is None else far * mix)
