@@ -60,12 +60,9 @@ def rope_halves(x: torch.Tensor, rope_pairs: str) -> torch.Tensor:
 def pair_norms(h: torch.Tensor) -> torch.Tensor:
     """``[..., D]`` (ordered by :func:`rope_halves`) -> ``[..., ⌈D/2⌉]``: ρ_i = ||(h_i, h_{i+P})||, the norm of each
     rotation pair, which RoPE leaves unchanged (the middle coordinate alone for odd D)."""
-    p = -(-h.shape[-1] // 2)
-    sq = h.pow(2)
-    first, second = sq[..., :p], sq[..., p:]
-    if second.shape[-1] < p:
-        second = torch.nn.functional.pad(second, (0, 1))
-    return (first + second).clamp_min(1e-12).sqrt()
+    if h.shape[-1] % 2:
+        h = torch.nn.functional.pad(h, (0, 1))
+    return h.unflatten(-1, (2, -1)).pow(2).sum(-2).clamp_min_(1e-12).sqrt_()
 
 
 class GatedKernel(LinearKernel):

@@ -39,7 +39,8 @@ class LigerKernel(GatedKernel):
 
     def feature(self, x, pos, scaling):
         h = rope_halves(x, self.options.rope_pairs)
-        features = torch.softmax(torch.stack([h, -h], -2).mul_(math.sqrt(scaling)), -1)  # [..., 2, D]
+        p = h * math.sqrt(scaling)
+        features = torch.softmax(torch.stack([p, -p], -2), -1)  # [..., 2, D]
         if x.shape[-1] % 2:  # the middle coordinate's partner is a zero feature
             features = torch.nn.functional.pad(features, (0, 1))
         return features.flatten(-2)
