@@ -1,5 +1,6 @@
 """The issue-22 comparison table from docs/results/recall/*.jsonl (written by scripts/recall_eval.sh) and
-docs/results/recall/cache-bytes.jsonl (scripts/decode_cache_bytes.py): one markdown row per model.
+docs/results/recall/cache-bytes.jsonl (scripts/decode_cache_bytes.py; a record's optional "name" is the row it
+belongs to, else its model folder's parent): one markdown row per model.
 
     python scripts/recall_table.py [--dir docs/results/recall] [--rows softmax gaussian-ce ...]
 """
@@ -47,7 +48,7 @@ def main() -> None:
     if cache_path.exists():
         for ln in cache_path.read_text().splitlines():
             r = json.loads(ln)
-            cache[Path(r["model"]).parent.name] = r
+            cache[r.get("name") or Path(r["model"]).parent.name] = r  # "name": the row it belongs to
     header = ["model", *[c[3] for c in COLUMNS], "cache after 4k / softmax KV"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
