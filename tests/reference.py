@@ -364,18 +364,20 @@ def _pair_norms_ref(x, rope_pairs="half"):
 
 def _gated_scores(fq, fk, alpha, n, m):
     """Σ_f φ_f(q_i) φ_f(k_j) Π_s α_s,f with s over (j, p_i] for j ≤ p_i and (p_i, j] for j > p_i, p_i = M - N + i;
-    fq ``[B, Hq, N, F]``, fk and α ``[B, Hq, M, F]`` (α per key position), products taken explicitly."""
-    bsz, hq, _, f = fq.shape
-    scores = torch.zeros(bsz, hq, n, m, dtype=f64)
+    fq ``[B, Hq, N, F]``, fk and α ``[B, Hq, M, F]`` (α per key position), the products as running products
+    (cumprod) away from p_i, one query at a time."""
+    rows = []
     for i in range(n):
         p = m - n + i
-        for j in range(m):
-            lo, hi = (j + 1, p + 1) if j <= p else (p + 1, j + 1)
-            # an empty product is 1; α⁰ keeps the gates in the graph (zero gradient, as the kernel's), so a
-            # one-key case compares parameter gradients instead of finding none on this side
-            w = torch.prod(alpha[:, :, lo:hi], dim=2) if hi > lo else alpha[:, :, 0] ** 0
-            scores[:, :, i, j] = (fq[:, :, i] * fk[:, :, j] * w).sum(-1)
-    return scores
+        # j < p: Π_{s=j+1..p} α_s, the running product of α_p, α_{p-1}, … read back to front
+        before = torch.flip(torch.cumprod(torch.flip(alpha[:, :, 1:p + 1], [2]), 2), [2])
+        # j = p: the empty product; α⁰ keeps the gates in the graph (zero gradient, as the kernel's), so a
+        # one-key case compares parameter gradients instead of finding none on this side
+        own = alpha[:, :, p:p + 1] ** 0
+        after = torch.cumprod(alpha[:, :, p + 1:], 2)  # j > p: Π_{s=p+1..j} α_s
+        w = torch.cat([before, own, after], 2)  # [B, Hq, M, F]
+        rows.append((fq[:, :, i, None] * fk * w).sum(-1))
+    return torch.stack(rows, 2)
 
 
 def _clamped_gate(log_alpha):
