@@ -93,6 +93,11 @@ def scale_rows(state: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     return (state.unflatten(-2, (-1, gates)) * factor[..., None, :, None]).flatten(-3, -2)
 
 
+def _reference(rel: torch.Tensor) -> torch.Tensor:
+    """b at each chunk's reference position r = C/2 - 1 (``rel`` ``[..., C, Γ]`` -> ``[..., Γ]``)."""
+    return rel[..., max(0, rel.shape[-2] // 2 - 1), :]
+
+
 class _ChunkFactors:
     """The gate factors of every chunk, relative to a reference position r = C/2 - 1 inside it (b_t from the
     chunk's start, ``[B, H, nc, C, Γ]``): q̃ = φ(q) e^{b_t - b_r} and k̃ = φ(k) e^{b_r - b_j}, both ≤ e^{(C/2)|log α|max}
@@ -102,7 +107,7 @@ class _ChunkFactors:
 
     def __init__(self, q, k, g):
         rel = g.cumsum(-2)
-        ref = rel[..., max(0, rel.shape[-2] // 2 - 1), :]
+        ref = _reference(rel)
         end = rel[..., -1, :]
         self.up = (rel - ref.unsqueeze(-2)).exp()
         self.down = (ref.unsqueeze(-2) - rel).exp()
@@ -161,7 +166,7 @@ class GatedScan(torch.autograd.Function):
         c = min(chunk_size, n)
         q, k, v, gate = _chunks(fq, fk, v1, log_gate, c)
         rel = gate.cumsum(-2)
-        ref = rel[..., max(0, c // 2 - 1), :]
+        ref = _reference(rel)
         to_ref = per_feature(ref.exp(), f).unsqueeze(-1)  # [B, H, nc, F, 1]
         to_end = per_feature((rel[..., -1, :] - ref).exp(), f).unsqueeze(-1)
         up, down = (rel - ref.unsqueeze(-2)).exp(), (ref.unsqueeze(-2) - rel).exp()
