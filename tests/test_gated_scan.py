@@ -107,3 +107,32 @@ def test_gates_do_not_depend_on_the_position(name, rope_pairs, rotate):
 def test_rope_pairs_must_be_a_known_pairing():
     with pytest.raises(ValueError, match="rope_pairs='paired'.*half, interleaved"):
         build_kernel("liger", LayerShape(4, 2, 16), {"rope_pairs": "paired"})
+
+
+@pytest.mark.parametrize("head_dim", [8, 7])
+@pytest.mark.parametrize("rope_pairs", ["half", "interleaved"])
+def test_liger_features_and_gates_without_grad_equal_the_formula(head_dim, rope_pairs):
+    """liger's in-place inference path (no autograd) gives φ(x) = [softmax(s^1/2 x), softmax(-s^1/2 x)] (per RoPE
+    pair order, zero-padded for odd D) and log σ(bias + s^1/2 ρ) as written here in float64, and so does its
+    autograd path."""
+    kern = build_kernel("liger", LayerShape(2, 2, head_dim, layer_idx=0, max_positions=64),
+                        {"rope_pairs": rope_pairs})
+    gen = torch.Generator().manual_seed(3)
+    x = 3 * torch.randn(1, 2, 5, head_dim, generator=gen)
+    scaling = head_dim**-0.5
+    order = list(range(head_dim)) if rope_pairs == "half" else [*range(0, head_dim, 2), *range(1, head_dim, 2)]
+    h = x.double()[..., order] * scaling**0.5
+    pad = (0, head_dim % 2)
+    want = torch.cat([torch.nn.functional.pad(torch.softmax(h, -1), pad),
+                      torch.nn.functional.pad(torch.softmax(-h, -1), pad)], -1)
+    hp = torch.nn.functional.pad(x.double()[..., order], pad)
+    half = hp.shape[-1] // 2
+    rho = (hp[..., :half] ** 2 + hp[..., half:] ** 2).sqrt() * scaling**0.5
+    want_gate = torch.nn.functional.logsigmoid(kern.options.gate_bias + rho).clamp_min(-1.25)
+    pos = torch.arange(5)
+    with torch.no_grad():
+        torch.testing.assert_close(kern.feature(x, pos, scaling).double(), want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(kern.gates(x, scaling).double(), want_gate, rtol=1e-5, atol=1e-6)
+    xg = x.clone().requires_grad_()
+    torch.testing.assert_close(kern.feature(xg, pos, scaling).double(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(kern.gates(xg, scaling).double(), want_gate, rtol=1e-5, atol=1e-6)

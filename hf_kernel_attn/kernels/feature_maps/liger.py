@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from .gated import GatedKernel, GatedOptions, pair_norms, rope_halves
+from .gated import GatedKernel, GatedOptions, pair_norms, rope_halves, softmax_
 
 
 @dataclasses.dataclass
@@ -39,12 +39,20 @@ class LigerKernel(GatedKernel):
 
     def feature(self, x, pos, scaling):
         h = rope_halves(x, self.options.rope_pairs)
-        p = h * math.sqrt(scaling)
-        features = torch.softmax(torch.stack([p, -p], -2), -1)  # [..., 2, D]
+        if torch.is_grad_enabled() and h.requires_grad:
+            p = h * math.sqrt(scaling)
+            features = torch.softmax(torch.stack([p, -p], -2), -1)  # [..., 2, D]
+        else:  # the same numbers in one buffer (large fresh allocations are what costs on CPU)
+            features = h.new_empty(*h.shape[:-1], 2, h.shape[-1])
+            torch.mul(h, math.sqrt(scaling), out=features[..., 0, :])
+            torch.mul(h, -math.sqrt(scaling), out=features[..., 1, :])
+            softmax_(features)
         if x.shape[-1] % 2:  # the middle coordinate's partner is a zero feature
             features = torch.nn.functional.pad(features, (0, 1))
         return features.flatten(-2)
 
     def log_gate(self, k, scaling):
-        rho = pair_norms(rope_halves(k, self.options.rope_pairs)) * math.sqrt(scaling)
-        return nn.functional.logsigmoid(self.options.gate_bias + rho)  # [B, H, M, P]
+        rho = pair_norms(rope_halves(k, self.options.rope_pairs))
+        if torch.is_grad_enabled() and rho.requires_grad:
+            return nn.functional.logsigmoid(self.options.gate_bias + rho * math.sqrt(scaling))  # [B, H, M, P]
+        return nn.functional.logsigmoid(rho.mul_(math.sqrt(scaling)).add_(self.options.gate_bias))

@@ -140,9 +140,9 @@ def _running(updates: torch.Tensor, carry: torch.Tensor, s0: torch.Tensor, rever
     return (out[:, :, 1:], out[:, :, 0]) if reverse else (out[:, :, :nc], out[:, :, nc])
 
 
-def _visible_scores(a: torch.Tensor, b: torch.Tensor, upper: torch.Tensor) -> torch.Tensor:
-    """a bᵀ with the pairs j > t zeroed (where the factors' product may overflow, masked_fill, not a multiply)."""
-    return (a @ b.transpose(-1, -2)).masked_fill_(upper, 0.0)
+def _visible_scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a bᵀ with the pairs j > t set to zero (where the factors' product may be large: tril_, not a multiply)."""
+    return (a @ b.transpose(-1, -2)).tril_()
 
 
 class GatedScan(torch.autograd.Function):
@@ -169,17 +169,20 @@ class GatedScan(torch.autograd.Function):
         ref = _reference(rel)
         to_ref = per_feature(ref.exp(), f).unsqueeze(-1)  # [B, H, nc, F, 1]
         to_end = per_feature((rel[..., -1, :] - ref).exp(), f).unsqueeze(-1)
-        up, down = (rel - ref.unsqueeze(-2)).exp(), (ref.unsqueeze(-2) - rel).exp()
-        upper = torch.ones(c, c, dtype=torch.bool, device=q.device).triu(1)
+        up = (rel - ref.unsqueeze(-2)).exp_().unsqueeze(2)  # [B, H, 1, nc, C, Γ]
+        down = (ref.unsqueeze(-2) - rel).exp_()
         out = q.new_empty(b_, h, g, q.shape[3], c, v.shape[-1])
         s = s0
-        for i in range(q.shape[3]):  # one chunk at a time, everything in cache (module docstring)
-            qi = grouped(q[:, :, :, i], up[:, :, i].unsqueeze(2))
-            ki = grouped(k[:, :, i], down[:, :, i]).unsqueeze(2)
-            w = s * to_ref[:, :, i]  # e^{b_r} ⊙ S
-            oi = _visible_scores(qi, ki, upper) @ v[:, :, i].unsqueeze(2)
-            out[:, :, :, i] = oi.add_(qi @ w.unsqueeze(2))
-            s = w.add_(ki.squeeze(2).transpose(-1, -2) @ v[:, :, i]).mul_(to_end[:, :, i])
+        # one chunk at a time, everything in cache (module docstring); unbind: every chunk's views in one call
+        for qi, ki, vi, upi, downi, to_ref_i, to_end_i, oi in zip(
+                q.unbind(3), k.unbind(2), v.unbind(2), up.unbind(3), down.unbind(2), to_ref.unbind(2),
+                to_end.unbind(2), out.unbind(3)):
+            qi = grouped(qi, upi)
+            ki = grouped(ki, downi)
+            w = s * to_ref_i  # e^{b_r} ⊙ S
+            torch.matmul(qi, w.unsqueeze(2), out=oi)
+            oi.add_(_visible_scores(qi, ki.unsqueeze(2)) @ vi.unsqueeze(2))
+            s = w.add_(ki.transpose(-1, -2) @ vi).mul_(to_end_i)
         ctx.save_for_backward(fq, fk, v1, log_gate, s0, s)
         ctx.chunk = c
         return out.reshape(b_, h, g, -1, v1.shape[-1])[..., :n, :], s
@@ -207,13 +210,12 @@ class GatedScan(torch.autograd.Function):
         from_out = scale_rows((factors.q.transpose(-1, -2) @ do).sum(2), factors.start_to_ref)  # [B, H, nc, F, E]
         d_after, ds = _running(from_out, per_feature(factors.carry, f).unsqueeze(-1), d_final, reverse=True)
         d_end = scale_rows(d_after, factors.ref_to_end)
-        upper = torch.ones(c, c, dtype=torch.bool, device=q.device).triu(1)
         k_t, v_t = factors.k.unsqueeze(2), v.unsqueeze(2)
-        d_scores = _visible_scores(do, v_t, upper)  # [B, H, G, nc, C, C]
+        d_scores = _visible_scores(do, v_t)  # [B, H, G, nc, C, C]
         dq = (d_scores @ k_t).add_(do @ scale_rows(states, factors.start_to_ref).unsqueeze(2).transpose(-1, -2))
         dq = grouped(dq, factors.up.unsqueeze(2))
         dk = grouped((d_scores.transpose(-1, -2) @ factors.q).sum(2).add_(v @ d_end.transpose(-1, -2)), factors.down)
-        scores = _visible_scores(factors.q, k_t, upper)
+        scores = _visible_scores(factors.q, k_t)
         dv = (scores.transpose(-1, -2) @ do).sum(2).add_(factors.k @ d_end)
         d_b = _group_sum((q * dq).sum(2) - k * dk, gates).reshape(b_, h, -1, gates)
         d_b[:, :, -1] += _group_sum((final * d_final).sum(-1), gates)  # b_N scales the returned state
