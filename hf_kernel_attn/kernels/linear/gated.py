@@ -176,7 +176,7 @@ class GatedScan(torch.autograd.Function):
         # one chunk at a time, everything in cache (module docstring); unbind: every chunk's views in one call
         for qi, ki, vi, upi, downi, to_ref_i, to_end_i, oi in zip(
                 q.unbind(3), k.unbind(2), v.unbind(2), up.unbind(3), down.unbind(2), to_ref.unbind(2),
-                to_end.unbind(2), out.unbind(3)):
+                to_end.unbind(2), out.unbind(3), strict=True):
             qi = grouped(qi, upi)
             ki = grouped(ki, downi)
             w = s * to_ref_i  # e^{b_r} ⊙ S
