@@ -88,7 +88,10 @@ class GatedKernel(LinearKernel):
         raise NotImplementedError
 
     def gates(self, k: torch.Tensor, scaling: float) -> torch.Tensor:
-        return self.log_gate(k.float() if k.dtype != torch.float64 else k, scaling).clamp_min(MIN_LOG_GATE)
+        log_gate = self.log_gate(k.float() if k.dtype != torch.float64 else k, scaling)
+        if torch.is_grad_enabled() and log_gate.requires_grad:
+            return log_gate.clamp_min(MIN_LOG_GATE)
+        return log_gate.clamp_min_(MIN_LOG_GATE)
 
     def scores(self, q, k, scaling):
         """κ_ij = Σ_f φ_f(q_i) φ_f(k_j) e^{-|b_{p_i} - b_j|_f} ``[B, Hq, N, M]`` (query i at position M - N + i)."""

@@ -8,9 +8,9 @@ import math
 import torch
 from torch import nn
 
-from ..base import LayerShape
+from ..base import LayerShape, accum
 from ..linear.gated import GATED_CHUNK
-from .gated import GatedKernel, GatedOptions, pair_norms, rope_halves
+from .gated import GatedKernel, GatedOptions, pair_norms, rope_halves, softmax_
 from .hedgehog import HedgehogKernel, HedgehogOptions
 
 
@@ -54,9 +54,24 @@ class GlaKernel(GatedKernel, HedgehogKernel):
             self.gate_up.zero_()
             self.gate_bias.fill_(4.0)
 
+    @staticmethod
+    def _map(x, w, b, scaling):
+        """Hedgehog's map; without autograd in one buffer and in place (the same numbers to rounding)."""
+        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+            return HedgehogKernel._map(x, w, b, scaling)
+        w, b = accum(w), accum(b)
+        half = (x @ (w * math.sqrt(scaling))).add_(b[..., None, :])
+        out = half.new_empty(*half.shape[:-1], 2, half.shape[-1])
+        out[..., 0, :].copy_(half)
+        torch.neg(half, out=out[..., 1, :])
+        return softmax_(out).flatten(-2)
+
     def log_gate(self, k, scaling):
         rho = pair_norms(rope_halves(k, self.options.rope_pairs)) * math.sqrt(scaling)  # [B, H, M, P]
         dtype = rho.dtype
-        logits = rho @ self.gate_down.to(dtype)[None] @ self.gate_up.to(dtype)[None] + self.gate_bias.to(dtype)[
-            None, :, None]
-        return nn.functional.logsigmoid(logits) / self.options.gate_temperature
+        logits = rho @ self.gate_down.to(dtype)[None] @ self.gate_up.to(dtype)[None]
+        if torch.is_grad_enabled() and logits.requires_grad:
+            return nn.functional.logsigmoid(logits + self.gate_bias.to(dtype)[None, :, None]) / \
+                self.options.gate_temperature
+        logits.add_(self.gate_bias.to(dtype)[None, :, None])
+        return nn.functional.logsigmoid(logits).div_(self.options.gate_temperature)
