@@ -24,7 +24,6 @@ from ..base import (
     group_queries,
     one_of,
     positive,
-    ungroup_output,
     visibility_mask,
 )
 from ..linear import cost
@@ -237,7 +236,7 @@ class LinearKernel(Kernel):
         else:
             num, den = linear.bidirectional(fq, fk, v, log_decay=decay, chunk_size=chunk)
             state = None
-        return ungroup_output(linear.normalize(num, den, self.options.eps)).to(q.dtype), state
+        return linear.normalized_output(num, den, self.options.eps).to(q.dtype), state
 
     def _windowed(self, q, k, v, key_mask, causal, scaling, state, offset, need_state):
         """The sliding-window hybrid (:func:`..linear.window.hybrid_attention`); the state (causal) holds the keys

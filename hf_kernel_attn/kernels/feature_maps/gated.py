@@ -25,7 +25,7 @@ from ..linear.gated import (
     gated_linear,
     per_feature,
 )
-from ..linear.state import normalize
+from ..linear.state import normalized_output
 from .base import LinearKernel, LinearOptions
 
 
@@ -115,4 +115,4 @@ class GatedKernel(LinearKernel):
             return ungroup_output(out).to(q.dtype), new_state
         num, den, new_state = gated_linear(fq, fk, v, log_gate, causal=causal, key_mask=key_mask, state=state,
                                            chunk_size=self.options.chunk_size)
-        return ungroup_output(normalize(num, den, self.options.eps)).to(q.dtype), new_state
+        return normalized_output(num, den, self.options.eps).to(q.dtype), new_state

@@ -25,9 +25,9 @@ from . import cost
 from .bidirectional import bidirectional
 from .chunk import DEFAULT_CHUNK, CausalScan, ChunkTables, ClosedForm, causal_chunked, scan
 from .recurrent import accumulate
-from .state import ExactKV, LinearState, SinkSet, normalize, query_rows, with_ones
+from .state import ExactKV, LinearState, SinkSet, normalize, normalized_output, query_rows, with_ones
 from .window import branch_normalisers, chunk_length, hybrid_attention, update_sinks
 
 __all__ = ["DEFAULT_CHUNK", "CausalScan", "ChunkTables", "ClosedForm", "ExactKV", "LinearState", "SinkSet",
            "accumulate", "bidirectional", "branch_normalisers", "causal_chunked", "chunk_length", "cost",
-           "hybrid_attention", "normalize", "query_rows", "scan", "update_sinks", "with_ones"]
+           "hybrid_attention", "normalize", "normalized_output", "query_rows", "scan", "update_sinks", "with_ones"]

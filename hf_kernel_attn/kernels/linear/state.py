@@ -102,3 +102,15 @@ def query_rows(fq: torch.Tensor) -> torch.Tensor:
 
 def normalize(num: torch.Tensor, den: torch.Tensor, eps: float) -> torch.Tensor:
     return num / den.clamp_min(eps).unsqueeze(-1)
+
+
+def normalized_output(num: torch.Tensor, den: torch.Tensor, eps: float) -> torch.Tensor:
+    """num / max(den, eps) for ``num`` ``[B, Hkv, G, N, Dv]``, in the attention output layout ``[B, N, Hq, Dv]``
+    (query head h = kv · G + g); without autograd the division writes straight into that layout (one pass, one
+    buffer: the same numbers as normalising, then reordering)."""
+    b, h, g, n, dv = num.shape
+    if torch.is_grad_enabled() and (num.requires_grad or den.requires_grad):
+        return normalize(num, den, eps).reshape(b, h * g, n, dv).transpose(1, 2).contiguous()
+    out = num.new_empty(b, n, h * g, dv)
+    torch.div(num, den.clamp_min(eps).unsqueeze(-1), out=out.view(b, n, h, g, dv).permute(0, 2, 3, 1, 4))
+    return out
