@@ -19,7 +19,7 @@ COLUMNS = [("wikitext2", "perplexity", None, "WikiText-2 ppl"), ("arc_easy", "ac
 def load(folder: Path) -> dict[str, list[dict]]:
     out = {}
     for path in sorted(folder.glob("*.jsonl")):
-        if path.name != "cache-bytes.jsonl":
+        if path.name not in ("cache-bytes.jsonl", "cached-generation.jsonl"):
             out[path.stem] = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
     return out
 

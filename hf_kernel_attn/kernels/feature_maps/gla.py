@@ -56,7 +56,7 @@ class GlaKernel(GatedKernel, HedgehogKernel):
 
     @staticmethod
     def _map(x, w, b, scaling):
-        """Hedgehog's map; without autograd in one buffer and in place (the same numbers to rounding)."""
+        """Hedgehog's map; without autograd in one buffer and in place (bit for bit the same numbers)."""
         if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
             return HedgehogKernel._map(x, w, b, scaling)
         w, b = accum(w), accum(b)
