@@ -181,7 +181,7 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
     from hf_kernel_attn.leaderboard.sweep import leaderboard
 
     table = leaderboard(args.config, data_dir=args.data_dir, output_dir=args.output_dir,
-                        retry_errors=args.retry_errors)
+                        retry_errors=args.retry_errors, jobs=args.jobs)
     print(table["markdown"])
     print(f"({table['seconds']:.0f} s)")
     return 0
@@ -316,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--data-dir", default=None, help="local data (default: the config's, else ../shared/data)")
     lb.add_argument("--output-dir", default=None, help="where results.jsonl and the leaderboard go")
     lb.add_argument("--retry-errors", action="store_true", help="rerun cells that failed before")
+    lb.add_argument("--jobs", type=int, default=None,
+                    help="processes (default: the config's jobs, else 1); >= 2 runs the conversions (finetune rows) "
+                         "in other processes while this one evaluates the untrained rows")
     lb.set_defaults(func=_cmd_leaderboard)
     pk = sub.add_parser("plot-kernels", help="kernel geometry (from the formulas) and real attention maps / kernel "
                                              "values of a causal LM (PNGs + JSON; see docs/similarity.md)")

@@ -32,18 +32,24 @@ Config::
     depths: [0, 25, 50, 75, 100]
     samples: 20
     seed: 0
+    jobs: 1          # --jobs overrides; >= 2: the conversions (finetune rows) run in jobs - 1 other processes
+                     # while this one evaluates the untrained rows (one torch thread each on a small machine)
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import csv
 import json
+import multiprocessing
 import os
 import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..evaluation.runner import ModelSpec, run_eval
 from ..evaluation.tasks import LONG_CONTEXT_TASKS, check_split, check_tasks
@@ -62,7 +68,7 @@ _MODEL_KEYS = {"name", "model", "gguf_file", "kernels", "kernel_params", "tasks"
                "layers", "lengths", "depths", "samples"}
 _LONG_KEYS = ("lengths", "depths", "samples")  # a model entry's own long-context grid (default: the top level's)
 _TOP_KEYS = {"imports", "output_dir", "data_dir", "split", "context", "batch_size", "limit", "models", "lengths",
-             "depths", "samples", "seed", "speed"}
+             "depths", "samples", "seed", "speed", "jobs"}
 _SPEED_KEYS = {"length": 512, "repeats": 3}  # the interleaved benchmark behind the speed plot (speed.jsonl)
 
 
@@ -78,7 +84,7 @@ def _unknown_keys(keys: set, valid: set[str], where: str) -> None:
 
 
 def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None,
-                            output_dir: str | None = None) -> dict[str, Any]:
+                            output_dir: str | None = None, jobs: int | None = None) -> dict[str, Any]:
     """Read and check a leaderboard YAML; every error is a ValueError naming the bad key or value."""
     from ..training.config import ConfigError, read_yaml_file, resolve_package_path
 
@@ -127,6 +133,12 @@ def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None
         cfg["output_dir"] = output_dir
     if not cfg.get("output_dir"):
         raise ValueError("leaderboard config needs output_dir (or --output-dir)")
+    if jobs is not None:
+        cfg["jobs"] = jobs
+    cfg.setdefault("jobs", 1)
+    if isinstance(cfg["jobs"], bool) or not isinstance(cfg["jobs"], int) or cfg["jobs"] < 1:
+        raise ValueError(f"leaderboard jobs must be an integer >= 1 (processes: 1 runs every cell in turn), got "
+                         f"{cfg['jobs']!r}")
     check_split(cfg["split"])
     for key in ("context", "batch_size"):
         value = cfg[key]
@@ -212,6 +224,23 @@ def _finetuned(cfg: dict[str, Any], m: dict[str, Any], kernel: str) -> str | Non
     return str(finetune(train_cfg, resume=(out / "training_log.jsonl").exists()))
 
 
+def _convert_in_worker(cfg: dict[str, Any], m: dict[str, Any], kernel: str) -> str:
+    """:func:`_finetuned` in a worker process (spawned: it imports the user's kernel modules itself)."""
+    import_modules(cfg.get("imports", []), where="leaderboard imports")
+    return _finetuned(cfg, m, kernel)
+
+
+def _start_conversions(cfg: dict[str, Any], cells: list[tuple[dict, str, list[str]]]):
+    """With ``jobs`` >= 2, every pending conversion starts now in ``jobs - 1`` worker processes; returns the
+    pool (or None) and {(model name, kernel): future}."""
+    pending = [(m, k) for m, k, _ in cells if m.get("finetune") and not is_softmax(k)]
+    if cfg["jobs"] < 2 or not pending:
+        return None, {}
+    pool = concurrent.futures.ProcessPoolExecutor(min(cfg["jobs"] - 1, len(pending)),
+                                                  mp_context=multiprocessing.get_context("spawn"))
+    return pool, {(m["name"], k): pool.submit(_convert_in_worker, cfg, m, k) for m, k in pending}
+
+
 def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str, Any]:
     out = Path(cfg["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
@@ -222,45 +251,68 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
     errors = [] if retry_errors else [e for e in _read_jsonl(errors_path) if e.get("split") == cfg["split"]]
     done |= {(e["model_name"], e["kernel_row"], e["task"], cfg["split"]) for e in errors}
     start = time.perf_counter()
-    for m in cfg["models"]:
-        for kernel in m["kernels"]:
-            todo = [t for t in m["tasks"] if (m["name"], kernel, t, cfg["split"]) not in done]
-            if not todo:
-                continue
-            model_path, spec_kernel = m["model"], kernel
-            gguf = m.get("gguf_file")
-            try:
-                if m.get("finetune") and not is_softmax(kernel):
-                    model_path, spec_kernel, gguf = _finetuned(cfg, m, kernel), None, None
-            except Exception as exc:  # a failed conversion marks the row's cells, the sweep goes on
-                errors += [{"model_name": m["name"], "kernel_row": kernel, "task": t, "split": cfg["split"],
-                            "error": repr(exc)} for t in todo]
-                continue
-            if kernel == "saved":  # the model as saved (e.g. a converted model folder)
-                spec_kernel = None
-            params = (m.get("kernel_params") or {}).get(kernel, {})
-            spec = ModelSpec(model_path, gguf, spec_kernel, m.get("layers") if spec_kernel else None,
-                             params if spec_kernel else {})
-            for task in todo:
-                try:
-                    records = run_eval(spec, [task], data_dir=cfg["data_dir"], split=cfg["split"],
-                                       limit=_limit(cfg, task), batch_size=cfg["batch_size"],
-                                       context=cfg["context"], lengths=m.get("lengths", cfg["lengths"]),
-                                       depths=m.get("depths", cfg["depths"]), samples=m.get("samples", cfg["samples"]),
-                                       seed=cfg["seed"])
-                except Exception as exc:
-                    errors.append({"model_name": m["name"], "kernel_row": kernel, "task": task, "split": cfg["split"],
-                                   "error": repr(exc), "traceback": traceback.format_exc(limit=3)})
-                    print(f"{m['name']} {kernel} {task}: failed: {exc}", flush=True)
-                    continue
-                _append_cell(results_path, [{"model_name": m["name"], "kernel_row": kernel, **r} for r in records])
-                print(f"{m['name']} {kernel} {task}: done", flush=True)
+    cells = [(m, kernel, [t for t in m["tasks"] if (m["name"], kernel, t, cfg["split"]) not in done])
+             for m in cfg["models"] for kernel in m["kernels"]]
+    cells = [c for c in cells if c[2]]
+    pool, conversions = _start_conversions(cfg, cells)
+    threads = torch.get_num_threads()
+    if pool is not None:  # the untrained rows first, on the cores the conversions leave
+        torch.set_num_threads(max(1, threads - (cfg["jobs"] - 1)))
+        cells.sort(key=lambda c: (c[0]["name"], c[1]) in conversions)
+    try:
+        errors += _evaluate_cells(cfg, cells, conversions, results_path)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+            torch.set_num_threads(threads)
     _write_atomic(errors_path, "".join(json.dumps(e) + "\n" for e in errors))
     if cfg.get("speed"):
         _speed(cfg, out / SPEED_FILE)
     table = render(cfg, _read_jsonl(results_path), errors)
     table["seconds"] = time.perf_counter() - start
     return table
+
+
+def _evaluate_cells(cfg: dict[str, Any], cells, conversions, results_path: Path) -> list[dict[str, Any]]:
+    """Evaluate each (model, kernel, pending tasks) cell, converting first where the row says ``finetune`` (or
+    waiting for its conversion in a worker); returns the failed cells."""
+    errors = []
+    for m, kernel, todo in cells:
+        model_path, spec_kernel = m["model"], kernel
+        gguf = m.get("gguf_file")
+        try:
+            if (m["name"], kernel) in conversions:
+                model_path, spec_kernel, gguf = conversions[(m["name"], kernel)].result(), None, None
+            elif m.get("finetune") and not is_softmax(kernel):
+                threads = torch.get_num_threads()
+                try:
+                    model_path, spec_kernel, gguf = _finetuned(cfg, m, kernel), None, None
+                finally:  # the conversion sets its own thread count
+                    torch.set_num_threads(threads)
+        except Exception as exc:  # a failed conversion marks the row's cells, the sweep goes on
+            errors += [{"model_name": m["name"], "kernel_row": kernel, "task": t, "split": cfg["split"],
+                        "error": repr(exc)} for t in todo]
+            continue
+        if kernel == "saved":  # the model as saved (e.g. a converted model folder)
+            spec_kernel = None
+        params = (m.get("kernel_params") or {}).get(kernel, {})
+        spec = ModelSpec(model_path, gguf, spec_kernel, m.get("layers") if spec_kernel else None,
+                         params if spec_kernel else {})
+        for task in todo:
+            try:
+                records = run_eval(spec, [task], data_dir=cfg["data_dir"], split=cfg["split"],
+                                   limit=_limit(cfg, task), batch_size=cfg["batch_size"],
+                                   context=cfg["context"], lengths=m.get("lengths", cfg["lengths"]),
+                                   depths=m.get("depths", cfg["depths"]), samples=m.get("samples", cfg["samples"]),
+                                   seed=cfg["seed"])
+            except Exception as exc:
+                errors.append({"model_name": m["name"], "kernel_row": kernel, "task": task, "split": cfg["split"],
+                               "error": repr(exc), "traceback": traceback.format_exc(limit=3)})
+                print(f"{m['name']} {kernel} {task}: failed: {exc}", flush=True)
+                continue
+            _append_cell(results_path, [{"model_name": m["name"], "kernel_row": kernel, **r} for r in records])
+            print(f"{m['name']} {kernel} {task}: done", flush=True)
+    return errors
 
 
 SPEED_FILE = "speed.jsonl"
@@ -435,6 +487,6 @@ def _plots(out: Path, rows, columns, cell, speed_rows=()) -> None:
 
 
 def leaderboard(config_path: str | os.PathLike, data_dir: str | None = None, output_dir: str | None = None,
-                retry_errors: bool = False) -> dict[str, Any]:
-    cfg = load_leaderboard_config(config_path, data_dir, output_dir)
+                retry_errors: bool = False, jobs: int | None = None) -> dict[str, Any]:
+    cfg = load_leaderboard_config(config_path, data_dir, output_dir, jobs)
     return run_leaderboard(copy.deepcopy(cfg), retry_errors=retry_errors)

@@ -1,0 +1,73 @@
+"""`leaderboard --jobs 2`: the conversions run in another process while this one evaluates the untrained rows;
+the table is the one a single process makes, and a failing conversion is an error cell, not a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hf_kernel_attn.cli import main
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def _board(tmp_path: Path, minilm_dir: Path, name: str, finetune: str) -> Path:
+    board = {"output_dir": str(tmp_path / name), "data_dir": str(DATA), "limit": {"stsb_embedding": 24},
+             "speed": None,
+             "models": [{"name": "minilm", "model": str(minilm_dir), "kernels": ["softmax", "elu"],
+                         "tasks": ["stsb_embedding"]},
+                        {"name": "minilm (converted)", "model": str(minilm_dir), "kernels": ["gaussian"],
+                         "tasks": ["stsb_embedding"], "finetune": finetune}]}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(board))
+    return path
+
+
+def _cells(folder: Path) -> dict[tuple[str, str], float]:
+    rows = [json.loads(x) for x in (folder / "results.jsonl").read_text().splitlines()]
+    return {(r["model_name"], r["kernel_row"]): r["value"] for r in rows}
+
+
+@pytest.mark.real_model
+def test_jobs_2_converts_beside_the_evaluation_and_gives_the_same_table(minilm_dir, tmp_path, capsys):
+    train = {"model": str(minilm_dir), "task": "sentence_embedding", "kernel": "gaussian",
+             "kernel_params": {"projection": "full"},
+             "data": {"train": [str(DATA / "stsb" / "train.tsv")], "glue_task": "stsb", "seq_len": 32,
+                      "batch_size": 8, "validation_batches": 1, "max_train_chars": 20000},
+             "stages": {"transfer": {"steps": 3, "lr": 1.0e-2}, "full": {"steps": 3, "lr": 1.0e-4}},
+             "seed": 0, "threads": 1, "save_every": 0, "output_dir": "unused"}
+    (tmp_path / "convert-gaussian.yaml").write_text(yaml.safe_dump(train))
+    finetune = str(tmp_path / "convert-{kernel}.yaml")
+    assert main(["leaderboard", str(_board(tmp_path, minilm_dir, "one", finetune))]) == 0
+    threads = __import__("torch").get_num_threads()
+    assert main(["leaderboard", "--jobs", "2", str(_board(tmp_path, minilm_dir, "two", finetune))]) == 0
+    assert __import__("torch").get_num_threads() == threads  # the worker's thread count does not leak
+    one, two = _cells(tmp_path / "one"), _cells(tmp_path / "two")
+    assert set(one) == set(two) == {("minilm", "softmax"), ("minilm", "elu"), ("minilm (converted)", "gaussian")}
+    assert two == pytest.approx(one, abs=1e-6)
+    assert one[("minilm (converted)", "gaussian")] != one[("minilm", "softmax")]  # it did run the trained model
+    for name in ("one", "two"):  # each run converted its own model
+        log = tmp_path / name / "models" / "minilm (converted)-gaussian" / "training_log.jsonl"
+        assert len(log.read_text().splitlines()) >= 6
+    # a conversion that fails in the worker: that row's cells are errors, the others are scored
+    board = _board(tmp_path, minilm_dir, "bad", str(tmp_path / "missing-{kernel}.yaml"))
+    assert main(["leaderboard", "--jobs", "2", str(board)]) == 0
+    errors = [json.loads(x) for x in (tmp_path / "bad" / "errors.jsonl").read_text().splitlines()]
+    assert [(e["model_name"], e["kernel_row"]) for e in errors] == [("minilm (converted)", "gaussian")]
+    assert "missing-gaussian.yaml" in errors[0]["error"]
+    assert set(_cells(tmp_path / "bad")) == {("minilm", "softmax"), ("minilm", "elu")}
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("jobs", ["0", "two"])
+def test_bad_jobs_is_a_clear_error(tmp_path, minilm_dir, jobs, capsys):
+    board = _board(tmp_path, minilm_dir, "x", "none-{kernel}.yaml")
+    text = board.read_text() + f"jobs: {jobs}\n"
+    board.write_text(text)
+    assert main(["leaderboard", str(board)]) == 2
+    assert "jobs must be an integer >= 1" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "x")
