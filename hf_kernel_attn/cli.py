@@ -317,8 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--output-dir", default=None, help="where results.jsonl and the leaderboard go")
     lb.add_argument("--retry-errors", action="store_true", help="rerun cells that failed before")
     lb.add_argument("--jobs", type=int, default=None,
-                    help="processes (default: the config's jobs, else 1); >= 2 runs the conversions (finetune rows) "
-                         "in other processes while this one evaluates the untrained rows")
+                    help="processes (default: the config's jobs, else 1); >= 2 evaluates the (model, kernel) rows, "
+                         "conversions first, in that many processes, each on its share of the cores")
     lb.set_defaults(func=_cmd_leaderboard)
     pk = sub.add_parser("plot-kernels", help="kernel geometry (from the formulas) and real attention maps / kernel "
                                              "values of a causal LM (PNGs + JSON; see docs/similarity.md)")

@@ -32,8 +32,9 @@ Config::
     depths: [0, 25, 50, 75, 100]
     samples: 20
     seed: 0
-    jobs: 1          # --jobs overrides; >= 2: the conversions (finetune rows) run in jobs - 1 other processes
-                     # while this one evaluates the untrained rows (one torch thread each on a small machine)
+    jobs: 1          # --jobs overrides; >= 2: rows ((model, kernel) pairs, a conversion and its evaluation being
+                     # one row) run in that many spawned processes, each on cores / jobs torch threads, the
+                     # conversions first; the main process alone writes results.jsonl
 """
 
 from __future__ import annotations
@@ -224,23 +225,6 @@ def _finetuned(cfg: dict[str, Any], m: dict[str, Any], kernel: str) -> str | Non
     return str(finetune(train_cfg, resume=(out / "training_log.jsonl").exists()))
 
 
-def _convert_in_worker(cfg: dict[str, Any], m: dict[str, Any], kernel: str) -> str:
-    """:func:`_finetuned` in a worker process (spawned: it imports the user's kernel modules itself)."""
-    import_modules(cfg.get("imports", []), where="leaderboard imports")
-    return _finetuned(cfg, m, kernel)
-
-
-def _start_conversions(cfg: dict[str, Any], cells: list[tuple[dict, str, list[str]]]):
-    """With ``jobs`` >= 2, every pending conversion starts now in ``jobs - 1`` worker processes; returns the
-    pool (or None) and {(model name, kernel): future}."""
-    pending = [(m, k) for m, k, _ in cells if m.get("finetune") and not is_softmax(k)]
-    if cfg["jobs"] < 2 or not pending:
-        return None, {}
-    pool = concurrent.futures.ProcessPoolExecutor(min(cfg["jobs"] - 1, len(pending)),
-                                                  mp_context=multiprocessing.get_context("spawn"))
-    return pool, {(m["name"], k): pool.submit(_convert_in_worker, cfg, m, k) for m, k in pending}
-
-
 def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str, Any]:
     out = Path(cfg["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
@@ -251,20 +235,23 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
     errors = [] if retry_errors else [e for e in _read_jsonl(errors_path) if e.get("split") == cfg["split"]]
     done |= {(e["model_name"], e["kernel_row"], e["task"], cfg["split"]) for e in errors}
     start = time.perf_counter()
-    cells = [(m, kernel, [t for t in m["tasks"] if (m["name"], kernel, t, cfg["split"]) not in done])
-             for m in cfg["models"] for kernel in m["kernels"]]
-    cells = [c for c in cells if c[2]]
-    pool, conversions = _start_conversions(cfg, cells)
-    threads = torch.get_num_threads()
-    if pool is not None:  # the untrained rows first, on the cores the conversions leave
-        torch.set_num_threads(max(1, threads - (cfg["jobs"] - 1)))
-        cells.sort(key=lambda c: (c[0]["name"], c[1]) in conversions)
-    try:
-        errors += _evaluate_cells(cfg, cells, conversions, results_path)
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-            torch.set_num_threads(threads)
+    rows = [(m, kernel, [t for t in m["tasks"] if (m["name"], kernel, t, cfg["split"]) not in done])
+            for m in cfg["models"] for kernel in m["kernels"]]
+    rows = [r for r in rows if r[2]]
+
+    def emit(kind: str, m: dict[str, Any], kernel: str, payload: Any) -> None:
+        if kind == "cell":
+            _append_cell(results_path, [{"model_name": m["name"], "kernel_row": kernel, **r} for r in payload])
+            print(f"{m['name']} {kernel} {payload[0]['task'] if payload else ''}: done", flush=True)
+        else:
+            errors.append(payload)
+            print(f"{m['name']} {kernel} {payload['task']}: failed: {payload['error']}", flush=True)
+
+    if cfg["jobs"] < 2 or len(rows) < 2:
+        for m, kernel, todo in rows:
+            _evaluate_row(cfg, m, kernel, todo, emit)
+    else:
+        _evaluate_rows_in_workers(cfg, rows, emit)
     _write_atomic(errors_path, "".join(json.dumps(e) + "\n" for e in errors))
     if cfg.get("speed"):
         _speed(cfg, out / SPEED_FILE)
@@ -273,46 +260,77 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
     return table
 
 
-def _evaluate_cells(cfg: dict[str, Any], cells, conversions, results_path: Path) -> list[dict[str, Any]]:
-    """Evaluate each (model, kernel, pending tasks) cell, converting first where the row says ``finetune`` (or
-    waiting for its conversion in a worker); returns the failed cells."""
-    errors = []
-    for m, kernel, todo in cells:
-        model_path, spec_kernel = m["model"], kernel
-        gguf = m.get("gguf_file")
+def _converts(m: dict[str, Any], kernel: str) -> bool:
+    return bool(m.get("finetune")) and not is_softmax(kernel)
+
+
+def _evaluate_row(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: list[str], emit) -> None:
+    """One (model, kernel) row: its conversion first where the entry says ``finetune``, then each pending task;
+    ``emit("cell", m, kernel, records)`` per finished task, ``emit("error", m, kernel, error)`` per failed one."""
+    def error(task: str, exc: Exception, trace: bool = True) -> dict[str, Any]:
+        return {"model_name": m["name"], "kernel_row": kernel, "task": task, "split": cfg["split"],
+                "error": repr(exc), **({"traceback": traceback.format_exc(limit=3)} if trace else {})}
+
+    model_path, spec_kernel, gguf = m["model"], kernel, m.get("gguf_file")
+    if _converts(m, kernel):
+        threads = torch.get_num_threads()
         try:
-            if (m["name"], kernel) in conversions:
-                model_path, spec_kernel, gguf = conversions[(m["name"], kernel)].result(), None, None
-            elif m.get("finetune") and not is_softmax(kernel):
-                threads = torch.get_num_threads()
-                try:
-                    model_path, spec_kernel, gguf = _finetuned(cfg, m, kernel), None, None
-                finally:  # the conversion sets its own thread count
-                    torch.set_num_threads(threads)
+            model_path, spec_kernel, gguf = _finetuned(cfg, m, kernel), None, None
         except Exception as exc:  # a failed conversion marks the row's cells, the sweep goes on
-            errors += [{"model_name": m["name"], "kernel_row": kernel, "task": t, "split": cfg["split"],
-                        "error": repr(exc)} for t in todo]
+            for task in todo:
+                emit("error", m, kernel, error(task, exc, trace=False))
+            return
+        finally:  # the conversion sets its own thread count
+            torch.set_num_threads(threads)
+    if kernel == "saved":  # the model as saved (e.g. a converted model folder)
+        spec_kernel = None
+    params = (m.get("kernel_params") or {}).get(kernel, {})
+    spec = ModelSpec(model_path, gguf, spec_kernel, m.get("layers") if spec_kernel else None,
+                     params if spec_kernel else {})
+    for task in todo:
+        try:
+            records = run_eval(spec, [task], data_dir=cfg["data_dir"], split=cfg["split"], limit=_limit(cfg, task),
+                               batch_size=cfg["batch_size"], context=cfg["context"],
+                               lengths=m.get("lengths", cfg["lengths"]), depths=m.get("depths", cfg["depths"]),
+                               samples=m.get("samples", cfg["samples"]), seed=cfg["seed"])
+        except Exception as exc:
+            emit("error", m, kernel, error(task, exc))
             continue
-        if kernel == "saved":  # the model as saved (e.g. a converted model folder)
-            spec_kernel = None
-        params = (m.get("kernel_params") or {}).get(kernel, {})
-        spec = ModelSpec(model_path, gguf, spec_kernel, m.get("layers") if spec_kernel else None,
-                         params if spec_kernel else {})
-        for task in todo:
+        emit("cell", m, kernel, records)
+
+
+def _row_in_worker(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: list[str],
+                   threads: int) -> list[tuple[str, Any]]:
+    """:func:`_evaluate_row` in a spawned worker (it imports the user's kernel modules itself); returns what it
+    emitted, for the main process to write."""
+    import_modules(cfg.get("imports", []), where="leaderboard imports")
+    torch.set_num_threads(threads)
+    out: list[tuple[str, Any]] = []
+    _evaluate_row(cfg, m, kernel, todo, lambda kind, _m, _k, payload: out.append((kind, payload)))
+    return out
+
+
+def _evaluate_rows_in_workers(cfg: dict[str, Any], rows: list[tuple[dict, str, list[str]]], emit) -> None:
+    """Rows in ``jobs`` spawned processes, the conversions first (the longest), each worker on its share of
+    the cores; only this process writes results, a row at a time as its worker finishes it."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    jobs = min(cfg["jobs"], len(rows))
+    rows = sorted(rows, key=lambda r: not _converts(r[0], r[1]))  # stable: otherwise the config's order
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_row_in_worker, cfg, m, kernel, todo, max(1, cores // jobs)): (m, kernel, todo)
+                   for m, kernel, todo in rows}
+        for future in concurrent.futures.as_completed(futures):
+            m, kernel, todo = futures[future]
             try:
-                records = run_eval(spec, [task], data_dir=cfg["data_dir"], split=cfg["split"],
-                                   limit=_limit(cfg, task), batch_size=cfg["batch_size"],
-                                   context=cfg["context"], lengths=m.get("lengths", cfg["lengths"]),
-                                   depths=m.get("depths", cfg["depths"]), samples=m.get("samples", cfg["samples"]),
-                                   seed=cfg["seed"])
-            except Exception as exc:
-                errors.append({"model_name": m["name"], "kernel_row": kernel, "task": task, "split": cfg["split"],
-                               "error": repr(exc), "traceback": traceback.format_exc(limit=3)})
-                print(f"{m['name']} {kernel} {task}: failed: {exc}", flush=True)
-                continue
-            _append_cell(results_path, [{"model_name": m["name"], "kernel_row": kernel, **r} for r in records])
-            print(f"{m['name']} {kernel} {task}: done", flush=True)
-    return errors
+                emitted = future.result()
+            except Exception as exc:  # the worker died (e.g. out of memory): the row's cells are errors
+                emitted = [("error", {"model_name": m["name"], "kernel_row": kernel, "task": t, "split": cfg["split"],
+                                      "error": f"worker process failed: {exc!r}"}) for t in todo]
+            for kind, payload in emitted:
+                emit(kind, m, kernel, payload)
 
 
 SPEED_FILE = "speed.jsonl"
