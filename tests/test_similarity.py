@@ -218,13 +218,34 @@ def test_geometry_shapes():
 # ------------------------------------------------------------------------------------------- plots
 
 
+def _head_output(model, layer: int, head: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's own forward at ``layer``: the attention output of query ``head`` (the o_proj input) and the
+    values of its KV head, ``[N, D]`` each."""
+    attn = model.model.layers[layer].self_attn
+    got = {}
+    hooks = [attn.o_proj.register_forward_pre_hook(lambda _m, a: got.__setitem__("o", a[0])),
+             attn.v_proj.register_forward_hook(lambda _m, _a, out: got.__setitem__("v", out))]
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    d = attn.head_dim
+    kv = head // (model.config.num_attention_heads // model.config.num_key_value_heads)
+    return got["o"][0, :, head * d:(head + 1) * d], got["v"][0, :, kv * d:(kv + 1) * d]
+
+
 def test_plot_kernels_on_a_tiny_llama(tiny_llama, tmp_path, capsys):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import hf_kernel_attn
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama)
     hf_kernel_attn.patch(model, kernel="hedgehog", layers=[1])  # layer 0 stays softmax: same q, k at layer 1
+    with torch.no_grad():  # a "converted" kernel that differs from the untrained (identity-initialised) one
+        for p in model.model.layers[1].self_attn.kernel_attn.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
     model.save_pretrained(tmp_path / "hh")
     text = tmp_path / "text.txt"
     text.write_text("= Title =\n" + "The cat sat on the mat and looked at the dog. " * 12 + "\n")
@@ -237,12 +258,19 @@ def test_plot_kernels_on_a_tiny_llama(tiny_llama, tmp_path, capsys):
     real = json.loads((out / "real_attention.json").read_text())
     assert real["layer"] == 1 and real["head"] == 2 and real["tokens"] == 24
     assert real["augment_identity_max_abs_diff"] < 1e-4 < real["gaussian_without_augment_max_abs_diff"]
-    sm = torch.tensor(real["maps"]["softmax"])
-    assert torch.allclose(sm.sum(-1), torch.ones(24), atol=1e-3) and sm.triu(1).abs().max() < 1e-6
-    assert real["untrained"]["softmax"]["mean_tv_to_softmax"] < 1e-6
-    # the converted model's kernel is identity-initialised hedgehog: its map equals the untrained hedgehog's
-    assert torch.allclose(torch.tensor(real["maps"]["hedgehog (converted)"]), torch.tensor(real["maps"]["hedgehog"]),
-                          atol=1e-3)
+    # each plotted map, times the head's values, is what the model's own forward computes at that head: the
+    # original model (transformers' attention) for softmax, the saved converted model for the converted map
+    ids = torch.tensor([AutoTokenizer.from_pretrained(tiny_llama).convert_tokens_to_ids(real["text_tokens"])])
+    original = AutoModelForCausalLM.from_pretrained(tiny_llama, attn_implementation="eager")
+    converted = AutoModelForCausalLM.from_pretrained(tmp_path / "hh")
+    for name, m in (("softmax", original), ("hedgehog (converted)", converted)):
+        o, v = _head_output(m, 1, 2, ids)
+        w = torch.tensor(real["maps"][name])
+        assert w.triu(1).abs().max() < 1e-6 and torch.allclose(w.sum(-1), torch.ones(24), atol=1e-3)
+        assert (w @ v - o).abs().max() < 2e-3 * v.abs().max(), name  # the maps are rounded to 4 decimals
+    # ... and the converted map is the trained kernel's, not the untrained one's
+    gap = (torch.tensor(real["maps"]["hedgehog (converted)"]) - torch.tensor(real["maps"]["hedgehog"])).abs().max()
+    assert gap > 0.01
     assert "augment identity" in capsys.readouterr().out
     assert cli_main(["plot-kernels", "--model", str(tiny_llama), "--layer", "7", "--output-dir", str(out),
                      "--data-file", str(text)]) == 2
