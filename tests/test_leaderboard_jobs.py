@@ -71,3 +71,39 @@ def test_bad_jobs_is_a_clear_error(tmp_path, minilm_dir, jobs, capsys):
     assert main(["leaderboard", str(board)]) == 2
     assert "jobs must be an integer >= 1" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "x")
+
+
+@pytest.mark.real_model
+def test_killed_sweep_takes_its_workers_with_it(minilm_dir, tmp_path):
+    """SIGKILL of `leaderboard --jobs 2` while a worker converts: the worker dies too (no orphan writing into
+    the conversion folder that a re-run would resume)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    train = {"model": str(minilm_dir), "task": "sentence_embedding", "kernel": "gaussian",
+             "data": {"train": [str(DATA / "stsb" / "train.tsv")], "glue_task": "stsb", "seq_len": 32,
+                      "batch_size": 8, "validation_batches": 1, "max_train_chars": 20000},
+             "stages": {"transfer": {"steps": 400, "lr": 1.0e-3}}, "seed": 0, "threads": 1, "save_every": 0,
+             "output_dir": "unused"}
+    (tmp_path / "slow-gaussian.yaml").write_text(yaml.safe_dump(train))
+    board = _board(tmp_path, minilm_dir, "killed", str(tmp_path / "slow-{kernel}.yaml"))
+    proc = subprocess.Popen([sys.executable, "-m", "hf_kernel_attn.cli", "leaderboard", "--jobs", "2", str(board)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = tmp_path / "killed" / "models" / "minilm (converted)-gaussian" / "training_log.jsonl"
+    deadline = time.time() + 240
+    while not (log.exists() and log.read_text().count("\n") >= 1) and time.time() < deadline:
+        time.sleep(0.5)
+    assert log.exists(), "the conversion never started"
+    workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                              text=True).stdout.split()]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(3)
+    size = log.stat().st_size
+    time.sleep(3)
+    assert log.stat().st_size == size  # nothing writes into the conversion folder any more
+    alive = [p for p in workers if os.path.exists(f"/proc/{p}") and "Z" not in
+             Path(f"/proc/{p}/stat").read_text().split()[2]]
+    assert workers and not alive

@@ -310,6 +310,20 @@ def _row_in_worker(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: li
     return out
 
 
+def _die_with_parent(parent: int) -> None:
+    """Worker initializer (Linux): SIGKILL this worker when the sweep's process dies, so that a killed sweep
+    leaves no conversion running that a re-run would start again into the same folder."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the worker finishes its row, its result is dropped
+        return
+    if os.getppid() != parent:  # the parent died before the call above
+        os._exit(1)
+
+
 def _evaluate_rows_in_workers(cfg: dict[str, Any], rows: list[tuple[dict, str, list[str]]], emit) -> None:
     """Rows in ``jobs`` spawned processes, the conversions first (the longest), each worker on its share of
     the cores; only this process writes results, a row at a time as its worker finishes it."""
@@ -319,7 +333,8 @@ def _evaluate_rows_in_workers(cfg: dict[str, Any], rows: list[tuple[dict, str, l
         cores = os.cpu_count() or 1
     jobs = min(cfg["jobs"], len(rows))
     rows = sorted(rows, key=lambda r: not _converts(r[0], r[1]))  # stable: otherwise the config's order
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(_row_in_worker, cfg, m, kernel, todo, max(1, cores // jobs)): (m, kernel, todo)
                    for m, kernel, todo in rows}
         for future in concurrent.futures.as_completed(futures):
