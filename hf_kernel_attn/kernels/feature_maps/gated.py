@@ -15,18 +15,20 @@ from typing import ClassVar
 
 import torch
 
-from ..base import group_queries, ungroup_output
+from ..base import accum, group_queries, ungroup_output
 from ..linear.gated import (
     GATED_CHUNK,
     MAX_CHUNK_LOG_RANGE,
     MIN_LOG_GATE,
     cumulative,
+    fold,
+    gated_causal,
     gated_hybrid,
     gated_linear,
     per_feature,
 )
-from ..linear.state import normalized_output
-from .base import LinearKernel, LinearOptions
+from ..linear.state import LinearState, normalized_output, with_ones
+from .base import LinearKernel, LinearOptions, dense
 
 
 @dataclasses.dataclass
@@ -105,6 +107,8 @@ class GatedKernel(LinearKernel):
         return kappa.flatten(1, 2)
 
     def _feature_map_with_state(self, q, k, v, key_mask, causal, scaling, state, offset, need_state):
+        if causal and not self.window and not self._needs_grad(q, k, v, state):
+            return self._gated_causal_blocked(q, k, v, key_mask, scaling, state, offset)
         fq, fk = self.features(q, k, scaling, offset)
         log_gate = self.gates(k, scaling)
         hkv = k.shape[1]
@@ -117,3 +121,34 @@ class GatedKernel(LinearKernel):
         num, den, new_state = gated_linear(fq, fk, v, log_gate, causal=causal, key_mask=key_mask, state=state,
                                            chunk_size=self.options.chunk_size)
         return normalized_output(num, den, self.options.eps).to(q.dtype), new_state
+
+    def _gated_causal_blocked(self, q, k, v, key_mask, scaling, state, offset):
+        """The causal forward without autograd, a block of whole chunks at a time: features, gates, the scan (its
+        state carried from block to block) and the normalisation per block, so that every temporary stays the
+        size of a block (fresh N-sized buffers cost more than the arithmetic in them on CPU). The same numbers as
+        :func:`..linear.gated.gated_linear`: chunks start at the same positions and see the same state."""
+        b, hq, n, _ = q.shape
+        hkv, m, dv = k.shape[1], k.shape[-2], v.shape[-1]
+        self.check_positions(offset + m)
+        kpos = torch.arange(offset, offset + m, device=q.device)
+        s = None if state is None else torch.cat([state.S, state.z.unsqueeze(-1)], -1)
+        prefix = m - n
+        if prefix > 0:  # keys before the queries: folded into the starting state
+            mask = None if key_mask is None else key_mask[:, :prefix]
+            fk = self._key_features(k[:, :, :prefix], kpos[:prefix], scaling, mask)
+            s = fold(fk, with_ones(accum(v[:, :, :prefix])), self.gates(k[:, :, :prefix], scaling), s)
+        out = q.new_empty(b, n, hq, dv)
+        chunk = self.options.chunk_size
+        block = self._block_length(b * hq)
+        for start in range(0, n, block):
+            end = min(start + block, n)
+            keys = slice(prefix + start, prefix + end)
+            mask = None if key_mask is None else key_mask[:, keys]
+            fq = self.feature_q(group_queries(dense(q[:, :, start:end]), hkv), kpos[keys], scaling)
+            fk = self._key_features(k[:, :, keys], kpos[keys], scaling, mask)
+            o, s = gated_causal(fq, fk, with_ones(accum(v[:, :, keys])), self.gates(k[:, :, keys], scaling), s, chunk)
+            torch.div(o[..., :dv], o[..., dv:].clamp_min(self.options.eps),
+                      out=out[:, start:end].view(b, end - start, hkv, hq // hkv, dv).permute(0, 2, 3, 1, 4))
+        if s is None:  # n == 0 and no state
+            return out, state
+        return out, LinearState(s[..., :dv], s[..., dv])

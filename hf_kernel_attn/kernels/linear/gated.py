@@ -93,6 +93,13 @@ def scale_rows(state: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     return (state.unflatten(-2, (-1, gates)) * factor[..., None, :, None]).flatten(-3, -2)
 
 
+def within_chunks(gate: torch.Tensor) -> torch.Tensor:
+    """b_t - b_(chunk start - 1) = Σ_{s ≤ t in the chunk} log α_s for ``gate`` ``[..., C, Γ]``: one matmul with the
+    lower-triangular ones (on CPU about twice as fast as ``cumsum`` along a middle dimension)."""
+    c = gate.shape[-2]
+    return torch.ones(c, c, dtype=gate.dtype, device=gate.device).tril_() @ gate
+
+
 def _reference(rel: torch.Tensor) -> torch.Tensor:
     """b at each chunk's reference position r = C/2 - 1 (``rel`` ``[..., C, Γ]`` -> ``[..., Γ]``)."""
     return rel[..., max(0, rel.shape[-2] // 2 - 1), :]
@@ -106,7 +113,7 @@ class _ChunkFactors:
     (k̃ as the chunk's end sees it) and ``carry`` = e^{b_end} (``[B, H, nc, Γ]``)."""
 
     def __init__(self, q, k, g):
-        rel = g.cumsum(-2)
+        rel = within_chunks(g)
         ref = _reference(rel)
         end = rel[..., -1, :]
         self.up = (rel - ref.unsqueeze(-2)).exp()
@@ -165,12 +172,13 @@ class GatedScan(torch.autograd.Function):
         b_, h, g, n, f = fq.shape
         c = min(chunk_size, n)
         q, k, v, gate = _chunks(fq, fk, v1, log_gate, c)
-        rel = gate.cumsum(-2)
+        rel = within_chunks(gate)
         ref = _reference(rel).clone()
         to_ref = per_feature(ref.exp(), f).unsqueeze(-1)  # [B, H, nc, F, 1]
         to_end = per_feature((rel[..., -1, :] - ref).exp(), f).unsqueeze(-1)
-        up = rel.sub_(ref.unsqueeze(-2)).exp_()  # [B, H, nc, C, Γ], in place: fresh N-sized buffers cost on CPU
-        down = torch.reciprocal(up)
+        rel.sub_(ref.unsqueeze(-2))
+        up = rel.exp()  # [B, H, nc, C, Γ]
+        down = rel.neg_().exp_()  # in place: fresh N-sized buffers cost on CPU
         up = up.unsqueeze(2)
         out = q.new_empty(b_, h, g, q.shape[3], c, v.shape[-1])
         s = s0
