@@ -110,6 +110,7 @@ def _baddbmm_flops(self_shape, a_shape, b_shape, out_shape=None, **kwargs) -> in
 
 @pytest.mark.parametrize("name,causal", [("elu", True), ("elu", False), ("taylor", True), ("taylor", False),
                                          ("performer", True), ("hedgehog", False), ("dijiang", False),
+                                         ("dijiang", True), ("liger", True), ("liger", False), ("gla", True),
                                          ("cosformer", True)])
 def test_linear_flops_match_torch_flop_counter(name, causal):
     """The hand count of the chunked/bidirectional algorithm equals torch's count of its matmuls."""

@@ -24,26 +24,25 @@ from hf_kernel_attn.kernels.linear import cost  # noqa: E402
 f64 = torch.float64
 
 
-def brute_scan(q, k, v, s0, gq, gk, log_decay, heads):
-    """o_(t,g) = Σ_{t'≤t, g'} γ^(t-t') (q·k) v + γ^t q S₀; S_N = γ^N S₀ + Σ γ^(N-t') k vᵀ, by loops."""
-    bh = q.shape[0]
+def brute_scan(q, k, v, s0, gq, gk):
+    """o_(t,g) = Σ_{t'≤t, g'} (q·k) v + q S₀; S_N = S₀ + Σ k vᵀ, by loops (a decay is the gated engine's,
+    tests/test_gated_scan.py)."""
     n = k.shape[1] // gk
-    gamma = torch.ones(bh, dtype=f64) if log_decay is None else log_decay.exp().repeat(bh // heads)
     outs = []
     for t in range(n):
         for g in range(gq):
             qi = q[:, t * gq + g]  # [BH, a]
-            acc = (gamma**t)[:, None] * torch.einsum("ba,bac->bc", qi, s0)
+            acc = torch.einsum("ba,bac->bc", qi, s0)
             for tp in range(t + 1):
                 for gp in range(gk):
                     kj, vj = k[:, tp * gk + gp], v[:, tp * gk + gp]
-                    acc = acc + (gamma ** (t - tp) * (qi * kj).sum(-1))[:, None] * vj
+                    acc = acc + (qi * kj).sum(-1)[:, None] * vj
             outs.append(acc)
-    final = (gamma**n)[:, None, None] * s0
+    final = s0
     for tp in range(n):
         for gp in range(gk):
             kj, vj = k[:, tp * gk + gp], v[:, tp * gk + gp]
-            final = final + (gamma ** (n - tp))[:, None, None] * kj[:, :, None] * vj[:, None, :]
+            final = final + kj[:, :, None] * vj[:, None, :]
     return torch.stack(outs, 1), final
 
 
@@ -57,18 +56,14 @@ def scan_inputs(n, gq, gk, heads=2, batch=2, a=4, b=3, seed=0):
     return q, k, v, s0
 
 
-DECAYS = {"nodecay": None, "decay": torch.tensor([-0.05, -0.3], dtype=f64)}
-
-
-@pytest.mark.parametrize("decay", DECAYS, ids=list(DECAYS))
 @pytest.mark.parametrize("groups", [(1, 1), (3, 1), (1, 2)], ids=["g1", "gq3", "gk2"])
 @pytest.mark.parametrize("n,chunk", [(1, 4), (9, 4), (9, 64), (12, 4)], ids=["n1", "tail", "onechunk", "exact"])
-def test_scan_matches_brute_force(n, chunk, groups, decay):
+def test_scan_matches_brute_force(n, chunk, groups):
     gq, gk = groups
     q, k, v, s0 = scan_inputs(n, gq, gk)
     state = s0.clone()
-    out = linear.scan(q, k, v, state, gq=gq, gk=gk, log_decay=DECAYS[decay], chunk_size=chunk)
-    exp_out, exp_state = brute_scan(q, k, v, s0, gq, gk, DECAYS[decay], 2)
+    out = linear.scan(q, k, v, state, gq=gq, gk=gk, chunk_size=chunk)
+    exp_out, exp_state = brute_scan(q, k, v, s0, gq, gk)
     torch.testing.assert_close(out, exp_out, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(state, exp_state, atol=1e-10, rtol=1e-10)
 
@@ -78,24 +73,21 @@ def flip_positions(x, group):
     return x.view(bh, rows // group, group, c).flip(1).reshape(bh, rows, c)
 
 
-@pytest.mark.parametrize("decay", DECAYS, ids=list(DECAYS))
 @pytest.mark.parametrize("groups", [(1, 1), (3, 1), (1, 3)], ids=["g1", "gq3", "gk3"])
 @pytest.mark.parametrize("n,chunk", [(1, 4), (9, 4), (12, 4)], ids=["n1", "tail", "exact"])
-def test_reverse_scan_is_the_flipped_scan(n, chunk, groups, decay):
+def test_reverse_scan_is_the_flipped_scan(n, chunk, groups):
     """reverse=True equals flipping every input's positions, the brute-force scan, and flipping back."""
     gq, gk = groups
     q, k, v, s0 = scan_inputs(n, gq, gk, seed=7)
     state = s0.clone()
-    out = linear.scan(q, k, v, state, gq=gq, gk=gk, log_decay=DECAYS[decay], chunk_size=chunk, reverse=True)
-    exp_out, exp_state = brute_scan(flip_positions(q, gq), flip_positions(k, gk), flip_positions(v, gk), s0, gq, gk,
-                                    DECAYS[decay], 2)
+    out = linear.scan(q, k, v, state, gq=gq, gk=gk, chunk_size=chunk, reverse=True)
+    exp_out, exp_state = brute_scan(flip_positions(q, gq), flip_positions(k, gk), flip_positions(v, gk), s0, gq, gk)
     torch.testing.assert_close(out, flip_positions(exp_out, gq), atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(state, exp_state, atol=1e-10, rtol=1e-10)
 
 
-@pytest.mark.parametrize("decay", DECAYS, ids=list(DECAYS))
 @pytest.mark.parametrize("gq", [1, 3])
-def test_causal_scan_backward_matches_brute_force(gq, decay):
+def test_causal_scan_backward_matches_brute_force(gq):
     """Gradients of q, k, v and the initial state, from a loss on both the outputs and the final state."""
     n, chunk = 11, 4
     inputs = scan_inputs(n, gq, 1, seed=1)
@@ -106,9 +98,9 @@ def test_causal_scan_backward_matches_brute_force(gq, decay):
     for fn in ("scan", "brute"):
         leaves = [t.clone().requires_grad_(True) for t in inputs]
         if fn == "scan":
-            out, state = linear.CausalScan.apply(*leaves, gq, DECAYS[decay], chunk)
+            out, state = linear.CausalScan.apply(*leaves, gq, chunk)
         else:
-            out, state = brute_scan(*leaves, gq, 1, DECAYS[decay], 2)
+            out, state = brute_scan(*leaves, gq, 1)
         ((out * w_out).sum() + (state * w_state).sum()).backward()
         grads.append([t.grad for t in leaves])
     for name, got, exp in zip("q k v state".split(), *grads, strict=True):
@@ -201,8 +193,10 @@ def test_state_gradient_through_kernel():
     _, state = kern.forward_with_state(q, k, v, causal=True, scaling=SCALING)
     state.S.sum().backward()
     fk = kern.feature_k(k.detach(), torch.arange(12), SCALING)
-    gamma = kern.log_gamma.exp()  # S = Σ_j γ^(N-j) φ(k_j) v_jᵀ  =>  dS/dv_j summed = γ^(N-j) Σ_f φ(k_j)_f
-    weights = gamma[:, None] ** torch.arange(12, 0, -1, dtype=f64)[None]
+    # the decay as the gated engine's constant gate: the state is decayed to the last key it holds,
+    # S = Σ_j γ^(N-1-j) φ(k_j) v_jᵀ  =>  dS/dv_j summed = γ^(N-1-j) Σ_f φ(k_j)_f
+    gamma = kern.log_gamma.exp()
+    weights = gamma[:, None] ** torch.arange(11, -1, -1, dtype=f64)[None]
     expected_dv = (weights[None, :, :, None] * fk.sum(-1, keepdim=True)).expand_as(v)
     torch.testing.assert_close(v.grad, expected_dv, atol=1e-12, rtol=1e-10)
     assert torch.isfinite(k.grad).all() and k.grad.abs().sum() > 0

@@ -36,9 +36,12 @@ def make(name, window_size, hq=4, hkv=2, mix=True, chunk_size=16, dtype=torch.fl
     with torch.no_grad():
         if hasattr(kern, "window_log_mix"):
             kern.window_log_mix.copy_(torch.randn(kern.window_log_mix.shape, generator=gen))
-        if name == "hedgehog":
+        if name in ("hedgehog", "gla"):
             for w in (kern.weight_q, kern.weight_k):
                 w.add_(0.5 * torch.randn(w.shape, generator=gen))
+        if name == "gla":  # gates away from ~1, so that their decay matters
+            kern.gate_up.copy_(torch.randn(kern.gate_up.shape, generator=gen))
+            kern.gate_bias.fill_(-1.0)
     return kern
 
 

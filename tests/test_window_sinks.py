@@ -17,7 +17,7 @@ from test_window import assert_gradients_match, compare, inputs, make, padding  
 from hf_kernel_attn.kernels.linear import cost  # noqa: E402
 
 
-@pytest.mark.parametrize("name", ["elu", "dijiang", "hedgehog", "cosformer"])
+@pytest.mark.parametrize("name", ["elu", "dijiang", "hedgehog", "cosformer", "liger", "gla"])
 @pytest.mark.parametrize("window_size, sinks", [(1, 1), (7, 4), (20, 3)])
 @pytest.mark.parametrize("causal", [True, False])
 def test_sinks_against_brute_force(name, window_size, sinks, causal, monkeypatch):
@@ -42,11 +42,12 @@ def test_sinks_change_the_output():
     assert (a[:, 8:] - b[:, 8:]).abs().amax((-1, -2)).min() > 1e-6
 
 
-def test_sinks_gradients_match_brute_force():
-    assert_gradients_match(make("hedgehog", 5, sinks=3), 40)
+@pytest.mark.parametrize("name", ["hedgehog", "gla"])
+def test_sinks_gradients_match_brute_force(name):
+    assert_gradients_match(make(name, 5, sinks=3), 40)
 
 
-@pytest.mark.parametrize("name", ["hedgehog", "dijiang"])
+@pytest.mark.parametrize("name", ["hedgehog", "dijiang", "liger", "gla"])
 def test_sinks_decoding_in_pieces_equals_one_pass(name):
     """The state carries the sinks: pieces (the kept W - 1 keys first) with left padding that covers the
     first pieces give the one-pass outputs."""

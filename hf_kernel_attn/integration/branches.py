@@ -61,7 +61,8 @@ def normaliser_shares(model: nn.Module, input_ids: torch.Tensor) -> dict[int, di
             fq, fk = kernel.features(q, k, scaling)
             win, far = branch_normalisers(group_queries(q, k.shape[1]), k, fq, fk, window=kernel.window,
                                           scaling=scaling, causal=kwargs.get("causal", True),
-                                          key_mask=kwargs.get("key_mask"), log_decay=kernel.log_decay(),
+                                          key_mask=kwargs.get("key_mask"),
+                                          log_gate=kernel.gates(k, scaling) if kernel.is_gated else None,
                                           log_mix=kernel.branch_log_mix(k.shape[1], k.device),
                                           sinks=kernel.options.sinks)
             share = far / (win + far).clamp_min(torch.finfo(far.dtype).tiny)  # [B, Hkv, G, N]

@@ -17,7 +17,9 @@ transfer of its parameters, and ``layers="auto:K"``. φ must be non-negative (a 
 in front (``[B, Hkv, G, N, D]`` for queries, ``[B, Hkv, M, D]`` for keys). Parameters go in ``__init__``
 (call ``super().__init__(shape, options)`` first) and are (re)initialised in ``reset_parameters``; options of
 your own: a dataclass subclassing ``LinearOptions`` as ``options_cls``. Override ``feature_q`` /
-``feature_k`` for different query and key maps, ``log_decay`` for a fixed per-KV-head decay.
+``feature_k`` for different query and key maps, ``log_decay`` for a fixed per-KV-head decay (ln γ_h ``[Hkv]``) or
+``log_gate`` for a gate per token (log α_t ``[B, Hkv, M, Γ]``, gated linear attention); either runs the gated
+engine in every form.
 """
 
 from __future__ import annotations

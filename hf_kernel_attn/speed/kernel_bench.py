@@ -280,6 +280,31 @@ def _chunked_causal_flops(n: int, c: int, f: int, dv: int, hq: int, hkv: int, sc
     return hq * per_q + hkv * per_kv
 
 
+def gate_dim(kernel: Kernel) -> int:
+    """Γ, the number of gates per token of a kernel with a decay (1 for a fixed decay), measured on one key."""
+    s = kernel.shape
+    device = next((t.device for t in kernel.state_dict().values()), torch.device("cpu"))
+    k = torch.zeros(1, s.num_kv_heads, 1, s.head_dim, device=device)
+    with torch.no_grad():
+        return int(kernel.gates(k, s.head_dim**-0.5).shape[-1])
+
+
+def _gated_scan_flops(lengths: Sequence[int], chunk: int, f: int, dv: int, hq: int, hkv: int, gates: int) -> float:
+    """Matmul FLOPs of the gated scan (:func:`..kernels.linear.gated.gated_causal`), one call per entry of
+    ``lengths``: chunks of C = min(chunk, L) positions (the last one padded), and per chunk and KV head with G query
+    heads the in-chunk sums of the gates (2·C²·Γ), φ(q) S (2·G·C·F·E), the in-chunk scores (2·G·C²·F) times the
+    values (2·G·C²·E) and the state update φ(k)ᵀ V (2·F·C·E), E = Dv + 1."""
+    e, g = dv + 1, hq // hkv
+    total = 0.0
+    for length in lengths:
+        if length == 0:
+            continue
+        c = min(chunk, length)
+        per_chunk = 2.0 * c * c * gates + 2.0 * g * c * f * e + 2.0 * g * c * c * (f + e) + 2.0 * f * c * e
+        total += hkv * -(-length // c) * per_chunk
+    return total
+
+
 def _quadratic_causal_flops(n: int, batch: int, hq: int, d: int, dv: int) -> float:
     """Matmul FLOPs of the closed-form causal quadratic path (taylor, short sequences): each block of L
     queries scores the keys up to its end E (2·L·E·d) and multiplies by V with its ones column
@@ -298,8 +323,8 @@ def estimate_flops(kernel: Kernel, n: int, *, batch: int = 1, causal: bool, back
       (gaussian's q·k runs on D + 1 coordinates);
     * linear, causal: the chunked algorithm's matmuls with F features (:func:`_chunked_causal_flops`);
     * linear, bidirectional: 2·B·(Hkv + Hq)·N·F·(Dv + 1), i.e. ≈ 4·B·H·N·F·D (two causal scans
-      instead when the kernel has a decay, as DiJiang); at short N without autograd the score-matrix forms,
-      2·B·Hq·N²·(d + Dv + 1) with d = D (taylor's closed form) or F (DiJiang's decayed features);
+      instead when the kernel has a decay, fixed as DiJiang's or gated); at short N without autograd the
+      closed form's score matrix, 2·B·Hq·N²·(D + Dv + 1) (taylor);
     * linear kernels add their feature projection (performer ω, hedgehog W, DiJiang DCT): 2·N·D·P per head
       for q and k;
     * skyformer: landmark Gram matrices, Newton–Schulz iterations and the right-to-left products; where it
@@ -323,17 +348,21 @@ def estimate_flops(kernel: Kernel, n: int, *, batch: int = 1, causal: bool, back
         meta = [torch.empty(batch, h, n, d, device="meta") for h in (hq, hkv, hkv)]
         if causal and closed and kernel._quadratic_is_cheaper(*meta, False):
             per_seq = _quadratic_causal_flops(n, batch, hq, d, dv)
+        elif causal and kernel.is_gated and not getattr(kernel.options, "window", 0):
+            # without autograd a block of whole chunks at a time, with it one call
+            block = n if backward else kernel._block_length(batch * hq)
+            lengths = [min(block, n - start) for start in range(0, n, block)]
+            per_seq = _gated_scan_flops(lengths, chunk, f, dv, hq, hkv, gate_dim(kernel))
         elif causal:
             per_seq = _chunked_causal_flops(n, chunk, f, dv, hq, hkv, d if closed else None)
         elif closed and kernel._quadratic_is_cheaper(*meta, False, causal=False):
             per_seq = hq * 2.0 * n * n * (d + dv + 1)  # closed-form scores on D coordinates, then V
-        elif kernel.log_decay() is not None and not backward and kernel._decayed_quadratic_is_cheaper(*meta):
-            per_seq = hq * 2.0 * n * n * (f + dv + 1)  # the decayed score matrix from features, then V
-        elif kernel.log_decay() is not None:
-            per_seq = 2 * _chunked_causal_flops(n, chunk, f, dv, hq, hkv)
+        elif kernel.is_gated:  # two gated scans, forwards and backwards
+            per_seq = 2 * _gated_scan_flops([n], chunk, f, dv, hq, hkv, gate_dim(kernel))
         else:
             per_seq = 2.0 * (hkv + hq) * n * f * (dv + 1)  # values with their ones column
         per_seq += 2.0 * n * d * kernel.projection_width(backward) * (hq + hkv)
+        per_seq += kernel.gate_flops(n)
         fwd = batch * per_seq
     elif not backward and kernel.uses_exact(n, d, dv):  # skyformer's exact Gaussian: fused SDPA, D + 1 wide
         fwd = 2.0 * batch * hq * n * n * (2 * (d + 1))

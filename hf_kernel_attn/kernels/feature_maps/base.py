@@ -2,7 +2,9 @@
 and its options :class:`LinearOptions`.
 
 Every kernel evaluates the same normalised form through the engine of :mod:`..linear`; they differ only in φ
-(and DiJiang's decay). φ always runs in fp32 on RoPE-rotated q/k, once per call.
+and in their decay: none, a fixed one per KV head (:meth:`LinearKernel.log_decay`, DiJiang) or a gate per token
+(:meth:`LinearKernel.log_gate`, the gated kernels); a fixed decay is the constant gate, so every decay runs the one
+gated engine (:mod:`..linear.gated`). φ always runs in fp32 on RoPE-rotated q/k, once per call.
 Positions are token indices within the sequence (including any past folded into a state); only
 differences of positions enter a score, so left padding does not change real tokens' outputs.
 """
@@ -24,9 +26,19 @@ from ..base import (
     group_queries,
     one_of,
     positive,
+    ungroup_output,
     visibility_mask,
 )
 from ..linear import cost
+from ..linear.gated import (
+    cumulative,
+    fold,
+    gated_causal,
+    gated_hybrid,
+    gated_linear,
+    per_feature,
+)
+from ..linear.state import LinearState, with_ones
 from ..linear.window import hybrid_attention, update_sinks
 
 
@@ -116,19 +128,48 @@ class LinearKernel(Kernel):
         raise NotImplementedError
 
     def log_decay(self) -> torch.Tensor | None:
+        """ln γ_h ``[Hkv]`` of a fixed decay (key j reaches query i with weight γ_h^|i-j|), or None (no decay)."""
         return None
 
-    def scores(self, q, k, scaling):
-        """κ_ij = w_ij φ(q_i)·φ(k_j) ``[B, Hq, N, M]``, w_ij = exp(log_decay_h · |pos_i - pos_j|) (1 without a
-        decay); query i sits at position M - N + i. Without the window option's softmax part."""
-        fq, fk = self.features(q, k, scaling)  # [B, Hkv, G, N, F], [B, Hkv, M, F]
-        kappa = torch.einsum("bhgnf,bhmf->bhgnm", fq, fk)
+    def log_gate(self, k: torch.Tensor, scaling: float) -> torch.Tensor | None:
+        """log α_t ≤ 0 ``[B, Hkv, M, Γ]`` for the keys ``[B, Hkv, M, D]`` (key j reaches query i ≥ j with weight
+        Π_{j < s ≤ i} α_s per feature, feature f reading gate f mod Γ), or None (no decay). By default the fixed
+        decay of :meth:`log_decay` as a constant gate (Γ = 1)."""
         decay = self.log_decay()
-        if decay is not None:
-            n, m = q.shape[-2], k.shape[-2]
-            dist = (torch.arange(m - n, m, device=q.device)[:, None] - torch.arange(m, device=q.device)).abs()
-            kappa = kappa * (decay.to(kappa.dtype)[:, None, None, None] * dist.to(kappa.dtype)).exp()
-        return kappa.flatten(1, 2)
+        if decay is None:
+            return None
+        b, h, m, _ = k.shape
+        dtype = torch.float64 if k.dtype == torch.float64 else torch.float32
+        return decay.to(device=k.device, dtype=dtype).view(1, h, 1, 1).expand(b, h, m, 1)
+
+    def gates(self, k: torch.Tensor, scaling: float) -> torch.Tensor | None:
+        """The gates the forms use (:meth:`log_gate`; gated kernels clamp theirs)."""
+        return self.log_gate(k, scaling)
+
+    def gate_flops(self, n: int) -> float:
+        """Matmul FLOPs of the gates of one sequence of ``n`` keys, all KV heads (benchmark FLOPs; 0: no matmul)."""
+        return 0.0
+
+    @property
+    def is_gated(self) -> bool:
+        """Whether the kernel has a decay (fixed or per token), which the gated engine evaluates."""
+        return type(self).log_gate is not LinearKernel.log_gate or self.log_decay() is not None
+
+    def scores(self, q, k, scaling):
+        """κ_ij = Σ_f φ_f(q_i) φ_f(k_j) e^{-|b_{p_i} - b_j|_f} ``[B, Hq, N, M]`` (b the running sum of the log-gates,
+        0 without a decay); query i sits at position M - N + i. Without the window option's softmax part."""
+        fq, fk = self.features(q, k, scaling)  # [B, Hkv, G, N, F], [B, Hkv, M, F]
+        gates = self.gates(k, scaling) if self.is_gated else None
+        if gates is None:
+            return torch.einsum("bhgnf,bhmf->bhgnm", fq, fk).flatten(1, 2)
+        n, m = q.shape[-2], k.shape[-2]
+        b = cumulative(gates.to(fq.dtype))  # [B, H, M, Γ]
+        if b.shape[-1] == 1:  # one gate per head: a weight per pair
+            weight = (-(b[:, :, m - n:, None, 0] - b[:, :, None, :, 0]).abs()).exp()  # [B, H, N, M]
+            return (torch.einsum("bhgnf,bhmf->bhgnm", fq, fk) * weight[:, :, None]).flatten(1, 2)
+        b = per_feature(b, fk.shape[-1])
+        weight = (-(b[:, :, m - n:, None] - b[:, :, None, :]).abs()).exp()  # [B, H, N, M, F]
+        return torch.einsum("bhgnf,bhmf,bhnmf->bhgnm", fq, fk, weight).flatten(1, 2)
 
     def log_scores(self, q, k, scaling):
         return self.scores(q, k, scaling).clamp_min(1e-300).log()
@@ -206,14 +247,14 @@ class LinearKernel(Kernel):
     def _feature_map_with_state(self, q, k, v, key_mask, causal, scaling, state, offset, need_state):
         if self.window:
             return self._windowed(q, k, v, key_mask, causal, scaling, state, offset, need_state)
+        if self.is_gated:
+            return self._gated(q, k, v, key_mask, causal, scaling, state, offset)
         # bidirectional: the evaluation order is chosen by cost alone (every form is differentiable), so the
         # numbers do not depend on the grad mode (reentrant checkpointing recomputes under another one)
-        if not causal and self.log_decay() is None:
+        if not causal:
             if self._quadratic_is_cheaper(q, k, v, False, causal=False):
                 return self._closed_form_attention(q, k, v, key_mask, scaling, offset, causal=False), None
             return self._bidirectional_blocked(q, k, v, key_mask, scaling, offset), None
-        if not causal and self._decayed_quadratic_is_cheaper(q, k, v):
-            return self._bidirectional_decayed_quadratic(q, k, v, key_mask, scaling, offset), None
         # (a closed form's quadratic causal form too: where it is the cheaper order, N ≲ 2F, its autograd memory
         # of N² scores is within about twice the features' F·N; F = 2,145 for taylor at D = 64)
         if causal and state is None and q.shape[-2] == k.shape[-2] and self._quadratic_is_cheaper(
@@ -224,34 +265,76 @@ class LinearKernel(Kernel):
         fq, fk = self.features(q, k, scaling, offset)
         if key_mask is not None:
             fk = fk * key_mask[:, None, :, None].to(fk.dtype)
-        decay = self.log_decay()
-        chunk = self.options.chunk_size
-        if causal:
-            prefix = k.shape[-2] - q.shape[-2]
-            if prefix > 0:
-                state = linear.accumulate(fk[:, :, :prefix], v[:, :, :prefix], state, decay)
-            num, den, state = linear.causal_chunked(
-                fq, fk[:, :, prefix:], v[:, :, prefix:], state=state, log_decay=decay, chunk_size=chunk
-            )
-        else:
-            num, den = linear.bidirectional(fq, fk, v, log_decay=decay, chunk_size=chunk)
-            state = None
+        prefix = k.shape[-2] - q.shape[-2]
+        if prefix > 0:
+            state = linear.accumulate(fk[:, :, :prefix], v[:, :, :prefix], state)
+        num, den, state = linear.causal_chunked(fq, fk[:, :, prefix:], v[:, :, prefix:], state=state,
+                                                chunk_size=self.options.chunk_size)
         return linear.normalized_output(num, den, self.options.eps).to(q.dtype), state
+
+    def _gated(self, q, k, v, key_mask, causal, scaling, state, offset):
+        """A decay (fixed or per token) through the gated engine (:func:`..linear.gated.gated_linear`); without
+        autograd the causal form a block at a time (:meth:`_gated_causal_blocked`)."""
+        if causal and not self._needs_grad(q, k, v, state):
+            return self._gated_causal_blocked(q, k, v, key_mask, scaling, state, offset)
+        fq, fk = self.features(q, k, scaling, offset)
+        num, den, new_state = gated_linear(fq, fk, v, self.gates(k, scaling), causal=causal, key_mask=key_mask,
+                                           state=state, chunk_size=self.options.chunk_size)
+        return linear.normalized_output(num, den, self.options.eps).to(q.dtype), new_state
+
+    def _gated_causal_blocked(self, q, k, v, key_mask, scaling, state, offset):
+        """The gated causal forward without autograd, a block of whole chunks at a time: features, gates, the scan
+        (its state carried from block to block) and the normalisation per block, so that every temporary stays
+        the size of a block (fresh N-sized buffers cost more than the arithmetic in them on CPU). The same numbers
+        as :func:`..linear.gated.gated_linear`: chunks start at the same positions and see the same state."""
+        b, hq, n, _ = q.shape
+        hkv, m, dv = k.shape[1], k.shape[-2], v.shape[-1]
+        self.check_positions(offset + m)
+        kpos = torch.arange(offset, offset + m, device=q.device)
+        s = None if state is None else torch.cat([state.S, state.z.unsqueeze(-1)], -1)
+        prefix = m - n
+        if prefix > 0:  # keys before the queries: folded into the starting state
+            mask = None if key_mask is None else key_mask[:, :prefix]
+            fk = self._key_features(k[:, :, :prefix], kpos[:prefix], scaling, mask)
+            s = fold(fk, with_ones(accum(v[:, :, :prefix])), self.gates(k[:, :, :prefix], scaling), s)
+        out = q.new_empty(b, n, hq, dv)
+        chunk = self.options.chunk_size
+        block = self._block_length(b * hq)
+        for start in range(0, n, block):
+            end = min(start + block, n)
+            keys = slice(prefix + start, prefix + end)
+            mask = None if key_mask is None else key_mask[:, keys]
+            fq = self.feature_q(group_queries(dense(q[:, :, start:end]), hkv), kpos[keys], scaling)
+            fk = self._key_features(k[:, :, keys], kpos[keys], scaling, mask)
+            o, s = gated_causal(fq, fk, with_ones(accum(v[:, :, keys])), self.gates(k[:, :, keys], scaling), s, chunk)
+            torch.div(o[..., :dv], o[..., dv:].clamp_min(self.options.eps),
+                      out=out[:, start:end].view(b, end - start, hkv, hq // hkv, dv).permute(0, 2, 3, 1, 4))
+        if s is None:  # n == 0 and no state
+            return out, state
+        return out, LinearState(s[..., :dv], s[..., dv])
 
     def _windowed(self, q, k, v, key_mask, causal, scaling, state, offset, need_state):
         """The sliding-window hybrid (:func:`..linear.window.hybrid_attention`); the state (causal) holds the keys
         before ``k``, and the one returned holds every key but the last W - 1."""
         fq, fk = self.features(q, k, scaling, offset)
-        log_mix = self.branch_log_mix(k.shape[1], k.device)
+        hkv = k.shape[1]
+        log_mix = self.branch_log_mix(hkv, k.device)
         sinks = None
         if self.options.sinks:
             sinks = update_sinks(k, v, key_mask, self.options.sinks, offset, None if state is None else state.sinks)
-        out, new_state = hybrid_attention(
-            group_queries(q, k.shape[1]), k, v, fq, fk, window=self.window, scaling=scaling, causal=causal,
-            key_mask=key_mask, state=state, log_decay=self.log_decay(), log_mix=log_mix,
-            chunk_size=self.options.chunk_size, need_state=need_state and causal,
-            blocked=not self._needs_grad(q, k, v, state), sinks=sinks, offset=offset,
-        )
+        if self.is_gated:
+            out, new_state = gated_hybrid(
+                group_queries(q, hkv), k, v, fq, fk, self.gates(k, scaling), window=self.window, scaling=scaling,
+                causal=causal, key_mask=key_mask, state=state, log_mix=log_mix, chunk_size=self.options.chunk_size,
+                sinks=sinks, offset=offset)
+            out = ungroup_output(out).to(q.dtype)
+        else:
+            out, new_state = hybrid_attention(
+                group_queries(q, hkv), k, v, fq, fk, window=self.window, scaling=scaling, causal=causal,
+                key_mask=key_mask, state=state, log_mix=log_mix, chunk_size=self.options.chunk_size,
+                need_state=need_state and causal, blocked=not self._needs_grad(q, k, v, state), sinks=sinks,
+                offset=offset,
+            )
         if new_state is not None and sinks is not None:
             new_state = linear.LinearState(new_state.S, new_state.z, sinks)
         return out, new_state
@@ -295,7 +378,7 @@ class LinearKernel(Kernel):
         keys unless a state is wanted) less matmul work than the linear form? (The arithmetic:
         :func:`..linear.cost.quadratic_is_cheaper`.) The option ``quadratic_below`` (N at most this: quadratic)
         overrides the choice in both modes."""
-        if not self.has_closed_form or self.log_decay() is not None:
+        if not self.has_closed_form or self.is_gated:
             return False
         n, m, d, dv, g = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], q.shape[1] // k.shape[1]
         fixed = getattr(self.options, "quadratic_below", None)
@@ -379,39 +462,6 @@ class LinearKernel(Kernel):
         kpos = torch.arange(offset, offset + q.shape[-2], device=q.device)
         return out, linear.LinearState.from_augmented(self._key_state(k, v, key_mask, kpos, scaling), q.shape[0])
 
-    def _decayed_quadratic_is_cheaper(self, q, k, v) -> bool:
-        """Bidirectional with a decay (DiJiang: γ^|i-j|): is one N×M score matrix from the features less
-        matmul work than the two chunked scans (:func:`..linear.cost.decayed_quadratic_is_cheaper`)?"""
-        if self.log_decay() is None:
-            return False
-        n, m, dv, g = q.shape[-2], k.shape[-2], v.shape[-1], q.shape[1] // k.shape[1]
-        return cost.decayed_quadratic_is_cheaper(n, m, dv=dv, g=g, f=self.num_features(),
-                                                 chunk_size=self.options.chunk_size)
-
-    def _bidirectional_decayed_quadratic(self, q, k, v, key_mask, scaling, offset):
-        """w_ij = γ^|pos_i - pos_j| φ(q_i)·φ(k_j) as explicit scores, a block of queries at a time (query i at
-        position offset + M - N + i, key j at offset + j), normalised over the real keys."""
-        b, hq, n, _ = q.shape
-        m, dv = k.shape[-2], v.shape[-1]
-        fq, fk = self.features(q, k, scaling, offset)  # [B, Hkv, G, N, F], [B, Hkv, M, F]
-        if key_mask is not None:
-            fk = fk * key_mask[:, None, :, None].to(fk.dtype)
-        fkt = fk.transpose(-1, -2).unsqueeze(2)  # [B, Hkv, 1, F, M]
-        v3 = linear.with_ones(accum(v)).unsqueeze(2)  # [B, Hkv, 1, M, Dv + 1]
-        log_gamma = self.log_decay().to(fq.dtype)[:, None, None, None]  # [Hkv, 1, 1, 1]
-        kpos = torch.arange(m, device=q.device, dtype=fq.dtype)
-        out = q.new_empty(b, n, hq, dv)
-        block = cost.quadratic_block(n, b * hq * m)
-        for start in range(0, n, block):
-            end = min(start + block, n)
-            qpos = torch.arange(m - n + start, m - n + end, device=q.device, dtype=fq.dtype)
-            decay = (log_gamma * (qpos[:, None] - kpos[None, :]).abs()).exp_()  # [Hkv, 1, L, M]
-            scores = (fq[:, :, :, start:end] @ fkt).mul_(decay)  # [B, Hkv, G, L, M]
-            o = scores @ v3  # [B, Hkv, G, L, Dv + 1]
-            res = torch.div(o[..., :dv], o[..., dv:].clamp_min(self.options.eps))
-            out[:, start:end] = res.reshape(b, hq, end - start, dv).transpose(1, 2)
-        return out
-
     def _bidirectional_blocked(self, q, k, v, key_mask, scaling, offset):
         """Bidirectional forward: S = Σ φ(k)[v, 1]ᵀ over blocks of keys, then φ(q) S and the normalisation over
         blocks of queries; without autograd no temporary grows with N."""
@@ -434,14 +484,13 @@ class LinearKernel(Kernel):
         normalisation and the output layout per block, so no temporary grows with N."""
         b, hq, n, _ = q.shape
         hkv, m, dv = k.shape[1], k.shape[-2], v.shape[-1]
-        decay = self.log_decay()
         self.check_positions(offset + m)
         kpos = torch.arange(offset, offset + m, device=q.device)
         prefix = m - n
         if prefix > 0:
             mask = None if key_mask is None else key_mask[:, :prefix]
             fk = self._key_features(k[:, :, :prefix], kpos[:prefix], scaling, mask)
-            state = linear.accumulate(fk, v[:, :, :prefix], state, decay)
+            state = linear.accumulate(fk, v[:, :, :prefix], state)
         s_aug = None if state is None else state.augmented()
         out = q.new_empty(b, n, hq, dv)
         block = self._block_length(b * hq)
@@ -460,7 +509,7 @@ class LinearKernel(Kernel):
                 closed.q = linear.query_rows(group_queries(closed.q, hkv))
                 closed.k = closed.k.reshape(b * hkv, length, -1)
                 closed.key_weight = None if mask is None else _key_weight(mask, hkv, closed.k.dtype)
-            o = linear.scan(linear.query_rows(fq), fk, v3, s_aug, gq=hq // hkv, gk=1, log_decay=decay,
+            o = linear.scan(linear.query_rows(fq), fk, v3, s_aug, gq=hq // hkv, gk=1,
                             chunk_size=self.options.chunk_size, closed_form=closed)
             self._write_normalized(out, start, o)
         if s_aug is None:  # n == 0

@@ -9,7 +9,11 @@ import math
 import torch
 
 from ..base import LayerShape, accum, one_of
+from ..linear.gated import MAX_CHUNK_LOG_RANGE
 from .base import LinearKernel, LinearOptions, layer_generator
+
+# the fastest decay, γ = 1 - 1/32: C/2 · |ln γ| ≤ MAX_CHUNK_LOG_RANGE / 2 keeps e^{±·} finite in fp32
+MAX_DECAY_CHUNK = int(MAX_CHUNK_LOG_RANGE / -math.log(1 - 1 / 32))
 
 
 @dataclasses.dataclass
@@ -22,6 +26,9 @@ class DijiangOptions(LinearOptions):
         one_of("decay", self.decay, (True, False))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.decay and self.chunk_size > MAX_DECAY_CHUNK:
+            raise ValueError(f"chunk_size={self.chunk_size}: dijiang with decay=True needs chunk_size <= "
+                             f"{MAX_DECAY_CHUNK} (the gated scan's in-chunk factors γ^(±C/2) stay finite in fp32)")
 
 
 def dct_matrix(d: int) -> torch.Tensor:
@@ -37,7 +44,8 @@ class DijiangKernel(LinearKernel):
     w = Φ⁻¹(u), u ~ U(0,1) fixed per layer; scores decay as γ_h^(i-j) with
     γ_h = 1 - exp(linspace(ln 1/32, ln 1/512, Hkv)) (Chen et al., ICML 2024, DiJiang).
     Kept normalised (Σ γ^(i-j) φq·φk v / Σ γ^(i-j) φq·φk) so it is a drop-in for softmax; the decay is
-    per KV head so that grouped query heads share one state. Bidirectional use weighs γ^|i-j|."""
+    per KV head so that grouped query heads share one state, and runs as the constant gate log γ_h of the gated
+    engine. Bidirectional use weighs γ^|i-j|."""
 
     name = "dijiang"
     options_cls = DijiangOptions

@@ -66,6 +66,11 @@ class GlaKernel(GatedKernel, HedgehogKernel):
         torch.neg(half, out=out[..., 1, :])
         return softmax_(out).flatten(-2)
 
+    def gate_flops(self, n: int) -> float:
+        """ρ W₁ W₂ per KV head: 2·n·(⌈D/2⌉·r + r·F)."""
+        heads, pairs, r = self.gate_down.shape
+        return 2.0 * n * heads * (pairs * r + r * self.gate_up.shape[-1])
+
     def log_gate(self, k, scaling):
         rho = pair_norms(rope_halves(k, self.options.rope_pairs)) * math.sqrt(scaling)  # [B, H, M, P]
         dtype = rho.dtype

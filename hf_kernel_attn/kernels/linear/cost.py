@@ -47,12 +47,3 @@ def quadratic_is_cheaper(n: int, m: int, *, d: int, dv: int, g: int, f: int, chu
         return 2 * m * (d + dv + 1) < (2 * f * (dv + 1) + f) * (1 + keys_per_row)
     quadratic = n * (d + dv + 1) + (2 * f * (dv + 1) / g if need_state else 0)
     return quadratic < SCAN_COST_FACTOR * (2 * c * (d + dv + 1) + 2 * f * (dv + 1) * (1 + 1 / g))
-
-
-def decayed_quadratic_is_cheaper(n: int, m: int, *, dv: int, g: int, f: int, chunk_size: int) -> bool:
-    """Bidirectional with a decay (DiJiang: γ^|i-j|): is one N×M score matrix from the features less matmul
-    work than the two chunked scans? Per query row, M·(F + Dv + 1) against twice the scan's
-    2·C·(F + Dv + 1) + 2·F·(Dv + 1)·(1 + 1/G), weighted by SCAN_COST_FACTOR."""
-    c = min(chunk_size, n)
-    scans = 2 * (2 * c * (f + dv + 1) + 2 * f * (dv + 1) * (1 + 1 / g))
-    return m * (f + dv + 1) <= SCAN_COST_FACTOR * scans

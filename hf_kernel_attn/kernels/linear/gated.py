@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..base import accum
-from .state import LinearState, with_ones
+from .state import LinearState, SinkSet, with_ones
 
 MIN_LOG_GATE = -1.25
 GATED_CHUNK = 64
@@ -59,7 +59,7 @@ def cumulative(log_gate: torch.Tensor) -> torch.Tensor:
     return log_gate.cumsum(-2)
 
 
-def _shifted(fk: torch.Tensor, v: torch.Tensor, log_gate: torch.Tensor, window: int):
+def shifted_keys(fk: torch.Tensor, v: torch.Tensor, log_gate: torch.Tensor, window: int):
     """Keys W positions back as seen from t: k'_t = φ(k_{t-W}) ⊙ exp(b_t - b_{t-W}) and v'_t = v_{t-W} (zero for
     t < W), so that a causal pass with the same gates sums exactly the keys j ≤ i - W."""
     n = fk.shape[-2]
@@ -226,9 +226,11 @@ class GatedScan(torch.autograd.Function):
         dk = grouped((d_scores.transpose(-1, -2) @ factors.q).sum(2).add_(v @ d_end.transpose(-1, -2)), factors.down)
         scores = _visible_scores(factors.q, k_t)
         dv = (scores.transpose(-1, -2) @ do).sum(2).add_(factors.k @ d_end)
-        d_b = _group_sum((q * dq).sum(2) - k * dk, gates).reshape(b_, h, -1, gates)
-        d_b[:, :, -1] += _group_sum((final * d_final).sum(-1), gates)  # b_N scales the returned state
-        d_gate = d_b.flip(-2).cumsum(-2).flip(-2)[:, :, :n]
+        d_gate = None
+        if ctx.needs_input_grad[3]:  # a fixed decay (constant gates) needs none
+            d_b = _group_sum((q * dq).sum(2) - k * dk, gates).reshape(b_, h, -1, gates)
+            d_b[:, :, -1] += _group_sum((final * d_final).sum(-1), gates)  # b_N scales the returned state
+            d_gate = d_b.flip(-2).cumsum(-2).flip(-2)[:, :, :n]
         return (dq.reshape(b_, h, g, -1, f)[..., :n, :], dk.reshape(b_, h, -1, f)[:, :, :n],
                 dv.reshape(b_, h, -1, e)[:, :, :n], d_gate, ds, None)
 
@@ -253,15 +255,17 @@ def gated_causal(fq: torch.Tensor, fk: torch.Tensor, v1: torch.Tensor, log_gate:
 def fold(fk: torch.Tensor, v1: torch.Tensor, log_gate: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
     """The state after folding keys ``fk`` (with their gates) into ``state``: e^{b_L} ⊙ S + Σ_j e^{b_L - b_j} φ(k_j)
     v1_jᵀ (``[B, H, F, E]``)."""
+    if fk.shape[-2] == 0:  # no keys: the state as it is
+        return fk.new_zeros(*fk.shape[:2], fk.shape[-1], v1.shape[-1]) if state is None else state
     b = cumulative(log_gate)
-    last = b[:, :, -1:] if b.shape[-2] else torch.zeros_like(log_gate[:, :, :1])
+    last = b[:, :, -1:]
     folded = grouped(fk, (last - b).exp()).transpose(-1, -2) @ v1
     if state is None:
         return folded
     return grouped(state.transpose(-1, -2), last.exp()).transpose(-1, -2) + folded
 
 
-def _reverse_gates(log_gate: torch.Tensor) -> torch.Tensor:
+def reverse_gates(log_gate: torch.Tensor) -> torch.Tensor:
     """Gates of the time-reversed sequence, so that a causal pass over it weighs j > i by Π_{s=i+1..j} α_s:
     g'_t = g_{N-t} (t ≥ 1), g'_0 = 0."""
     flipped = log_gate.flip(-2)
@@ -287,26 +291,33 @@ def gated_linear(fq, fk, v, log_gate, *, causal: bool, key_mask=None, state: Lin
                                   chunk_size)
         new_state = LinearState(final[..., :dv], final[..., dv])
         return out[..., :dv], out[..., dv], new_state
-    fq = _queries_at_key_positions(fq, m)
+    fq = queries_at_key_positions(fq, m)
     fwd, _ = gated_causal(fq, fk, v1, log_gate, None, chunk_size)
-    bwd, _ = gated_causal(fq.flip(-2), fk.flip(-2), v1.flip(-2), _reverse_gates(log_gate), None, chunk_size)
+    bwd, _ = gated_causal(fq.flip(-2), fk.flip(-2), v1.flip(-2), reverse_gates(log_gate), None, chunk_size)
     diag = (fq * fk.unsqueeze(2)).sum(-1, keepdim=True) * v1.unsqueeze(2)  # j = i, counted by both passes
     out = (fwd + bwd.flip(-2) - diag)[..., m - n:, :]
     return out[..., :dv], out[..., dv], None
 
 
-def _queries_at_key_positions(fq: torch.Tensor, m: int) -> torch.Tensor:
+def queries_at_key_positions(fq: torch.Tensor, m: int) -> torch.Tensor:
     """Bidirectionally, N < M queries sit at the last N key positions: zero rows in front align them with the
     keys (their outputs are dropped)."""
     n = fq.shape[-2]
     return fq if n == m else torch.cat([fq.new_zeros(*fq.shape[:-2], m - n, fq.shape[-1]), fq], -2)
 
 
-def _band(qf, kf, v1, real, window: int, scaling: float, causal: bool, block: int = 64):
-    """The softmax part of the hybrid, a block of queries at a time against the keys their windows can reach:
-    Σ_{j∈win(i)} e^{s q_i·k_j - c_i} [v_j, 1] ``[B, H, G, N, E]`` and c_i = max(0, max_j s q_i·k_j) ``[..., 1]``."""
+def _band(qf, kf, v1, real, window: int, scaling: float, causal: bool, sinks: SinkSet | None = None,
+          offset: int = 0, block: int = 64):
+    """The softmax part of the hybrid, a block of queries at a time against the keys their windows can reach (and the
+    sinks outside their windows): Σ_{j∈win(i) ∪ sinks} e^{s q_i·k_j - c_i} [v_j, 1] ``[B, H, G, N, E]`` and
+    c_i = max(0, max_j s q_i·k_j) ``[..., 1]``. Key j of ``kf`` sits at position offset + j; a sink inside a query's
+    window is one of the band's keys."""
     n, m = qf.shape[-2], kf.shape[-2]
     exact, shifts = [], []
+    if sinks is not None:
+        sink_k = accum(sinks.keys).transpose(-1, -2).unsqueeze(2)  # [B, H, 1, D, S]
+        sink_v = with_ones(accum(sinks.values)).unsqueeze(2)  # [B, H, 1, S, E]
+        sink_pos = sinks.pos - offset  # [B, S], relative to kf's first key
     for start in range(0, n, block):
         end = min(start + block, n)
         p0, p1 = m - n + start, m - n + end  # the block's query positions
@@ -319,8 +330,17 @@ def _band(qf, kf, v1, real, window: int, scaling: float, causal: bool, block: in
         visible = near[None, None, None] & real[:, None, None, None, lo:hi]
         logits = scaling * qf[:, :, :, start:end] @ kf[:, :, None, lo:hi].transpose(-1, -2)
         logits = logits.masked_fill(~visible, float("-inf"))
-        shift = logits.amax(-1, keepdim=True).clamp_min(0.0)
-        exact.append((logits - shift).exp() @ v1[:, :, None, lo:hi])
+        shift = logits.amax(-1, keepdim=True)
+        if sinks is not None:
+            ds = qpos[None, :, None] - sink_pos[:, None, :]  # [B, nb, S]
+            seen = ((ds >= window) if causal else (ds.abs() >= window)) & sinks.valid[:, None, :]
+            sink_logits = (scaling * qf[:, :, :, start:end] @ sink_k).masked_fill(~seen[:, None, None], float("-inf"))
+            shift = torch.maximum(shift, sink_logits.amax(-1, keepdim=True))
+        shift = shift.clamp_min(0.0)
+        part = (logits - shift).exp() @ v1[:, :, None, lo:hi]
+        if sinks is not None:
+            part = part + (sink_logits - shift).exp() @ sink_v
+        exact.append(part)
         shifts.append(shift)
     return torch.cat(exact, -2), torch.cat(shifts, -2)
 
@@ -332,21 +352,27 @@ def _augmented(state: LinearState | None) -> torch.Tensor | None:
 
 def gated_hybrid(q, k, v, fq, fk, log_gate, *, window: int, scaling: float, causal: bool, key_mask=None,
                  state: LinearState | None = None, log_mix: torch.Tensor | None = None,
-                 chunk_size: int = GATED_CHUNK):
+                 chunk_size: int = GATED_CHUNK, sinks: SinkSet | None = None, offset: int = 0):
     """The window hybrid with a gated state (module docstring): ``q`` ``[B, H, G, N, D]`` (grouped), ``k``/``v``
     ``[B, H, M, ·]``; returns the normalised output ``[B, H, G, N, Dv]`` and (causal) the state holding every
-    key but the last W - 1, decayed to the last key it holds."""
+    key but the last W - 1, decayed to the last key it holds. ``sinks`` (StreamingLLM; k's first key at position
+    ``offset``): softmax keys for every query that can see them, left out of the gated part and the state."""
     fq, fk, log_gate = accum(fq), accum(fk), accum(log_gate)
     qf, kf, vf = accum(q), accum(k), accum(v)
     b_, h, g, n, _ = qf.shape
     m, dv = kf.shape[-2], vf.shape[-1]
     real = torch.ones(b_, m, dtype=torch.bool, device=q.device) if key_mask is None else key_mask.to(torch.bool)
-    fkm = fk * real[:, None, :, None].to(fk.dtype)
+    linear_keys = real
+    if sinks is not None:
+        kpos = torch.arange(offset, offset + m, device=q.device)
+        is_sink = ((kpos[None, :, None] == sinks.pos[:, None, :]) & sinks.valid[:, None, :]).any(-1)
+        linear_keys = real & ~is_sink
+    fkm = fk * linear_keys[:, None, :, None].to(fk.dtype)
     v1 = with_ones(vf)
-    exact, shift = _band(qf, kf, v1, real, window, scaling, causal)
+    exact, shift = _band(qf, kf, v1, real, window, scaling, causal, sinks, offset)
     # the gated part: keys j <= i - W (and j >= i + W bidirectionally) through the shifted keys
     s0 = _augmented(state)
-    sk, sv = _shifted(fkm, v1, log_gate, window)
+    sk, sv = shifted_keys(fkm, v1, log_gate, window)
     prefix = m - n
     if causal:
         start = s0
@@ -354,10 +380,10 @@ def gated_hybrid(q, k, v, fq, fk, log_gate, *, window: int, scaling: float, caus
             start = fold(sk[:, :, :prefix], sv[:, :, :prefix], log_gate[:, :, :prefix], s0)
         far, _ = gated_causal(fq, sk[:, :, prefix:], sv[:, :, prefix:], log_gate[:, :, prefix:], start, chunk_size)
     else:
-        fqm = _queries_at_key_positions(fq, m)
+        fqm = queries_at_key_positions(fq, m)
         far, _ = gated_causal(fqm, sk, sv, log_gate, None, chunk_size)
-        rg = _reverse_gates(log_gate)
-        rk, rv = _shifted(fkm.flip(-2), v1.flip(-2), rg, window)
+        rg = reverse_gates(log_gate)
+        rk, rv = shifted_keys(fkm.flip(-2), v1.flip(-2), rg, window)
         back, _ = gated_causal(fqm.flip(-2), rk, rv, rg, None, chunk_size)
         far = (far + back.flip(-2))[..., m - n:, :]
     if log_mix is not None:

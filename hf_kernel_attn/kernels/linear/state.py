@@ -1,11 +1,11 @@
 """The state of linear attention and the row layouts its forms share.
 
-    S_t = Σ_j γ^(t-j) φ(k_j) v_jᵀ,  z_t = Σ_j γ^(t-j) φ(k_j),  out = φ(q)ᵀ S / max(φ(q)ᵀ z, eps)
+    S_t = Σ_j w_tj φ(k_j) v_jᵀ,  z_t = Σ_j w_tj φ(k_j),  out = φ(q)ᵀ S / max(φ(q)ᵀ z, eps)
 
-over the t keys seen so far (γ the decay, 1 without one). ``S`` ``[B, Hkv, F, Dv]`` and ``z`` ``[B, Hkv, F]``, both
-decayed to the next position; a windowed hybrid's sinks (:class:`SinkSet`) and a per-head hybrid's exact K/V
-(:class:`ExactKV`) ride along. The denominator rides along as an extra all-ones value column
-(:func:`with_ones`), so one matmul gives both.
+over the t keys seen so far (w_tj = 1, or the gates' decay e^{b_t - b_j} per feature, :mod:`.gated`, the state then
+decayed to the last key it holds). ``S`` ``[B, Hkv, F, Dv]`` and ``z`` ``[B, Hkv, F]``; a windowed hybrid's sinks
+(:class:`SinkSet`) and a per-head hybrid's exact K/V (:class:`ExactKV`) ride along. The denominator rides along
+as an extra all-ones value column (:func:`with_ones`), so one matmul gives both.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class ExactKV:
 
 @dataclasses.dataclass
 class LinearState:
-    """Σ_j γ^(t-j) φ(k_j) v_jᵀ and Σ_j γ^(t-j) φ(k_j) over the t keys seen so far (the sinks of a
+    """Σ_j w_tj φ(k_j) v_jᵀ and Σ_j w_tj φ(k_j) over the t keys seen so far (the sinks of a
     sinks + window hybrid excluded; they ride along in ``sinks``, and the exact heads' K/V in ``exact``)."""
 
     S: torch.Tensor
@@ -82,11 +82,6 @@ class LinearState:
         bh, f, dv1 = s_aug.shape
         s_aug = s_aug.view(batch, bh // batch, f, dv1)
         return cls(s_aug[..., :-1], s_aug[..., -1])
-
-
-def decay_powers(log_decay: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
-    """γ^e per head: ``[H] x [...] -> [H, ...]`` computed as exp(e · ln γ) (never γ^(-m))."""
-    return torch.exp(log_decay.view(-1, *([1] * exponents.dim())) * exponents)
 
 
 def with_ones(v: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,9 @@ one shared normaliser (LoLCATs, Zhang et al. ICLR 2025; Based, Arora et al. ICML
     out_i = (Σ_{j∈win(i)} e^{s q_i·k_j} v_j + λ_h Σ_{j∉win(i)} w_ij φ(q_i)·φ(k_j) v_j)
             / (Σ_{j∈win(i)} e^{s q_i·k_j}     + λ_h Σ_{j∉win(i)} w_ij φ(q_i)·φ(k_j))
 
-with win(i) = {j : i - W < j ≤ i} (causal) or {j : |i - j| < W} (bidirectional), w_ij the kernel's decay
-(DiJiang: γ^|i-j|, else 1) and λ_h = exp(θ_h) an optional learnable per-head factor (1 otherwise).
+with win(i) = {j : i - W < j ≤ i} (causal) or {j : |i - j| < W} (bidirectional), w_ij = 1 here (a kernel with a
+decay runs the gated engine's hybrid, :func:`.gated.gated_hybrid`, the same formula with w_ij its gates) and
+λ_h = exp(θ_h) an optional learnable per-head factor (1 otherwise).
 With S sinks (StreamingLLM, Xiao et al. ICLR 2024), the first S real keys of each row join the softmax
 part of every query that can see them, win(i) ∪ sinks, and leave the feature-map part; the decode state
 then holds the sinks' keys and values next to the W - 1 recent ones and the running sums.
@@ -26,8 +27,9 @@ import torch.nn.functional as F
 from ..base import accum, ungroup_output
 from ..softmax import gather_keys, sink_slots
 from . import cost
+from .gated import gated_causal, queries_at_key_positions, reverse_gates, shifted_keys
 from .recurrent import accumulate
-from .state import LinearState, SinkSet, decay_powers, with_ones
+from .state import LinearState, SinkSet, with_ones
 
 
 def chunk_length(window: int, chunk_size: int, length: int) -> tuple[int, int]:
@@ -79,7 +81,6 @@ def hybrid_attention(
     causal: bool,
     key_mask: torch.Tensor | None = None,
     state: LinearState | None = None,
-    log_decay: torch.Tensor | None = None,
     log_mix: torch.Tensor | None = None,
     chunk_size: int = 64,
     need_state: bool = False,
@@ -90,8 +91,8 @@ def hybrid_attention(
     """The hybrid of the module docstring for N queries at the last N of M key positions.
 
     ``q`` ``[B, Hkv, G, N, D]`` (grouped), ``k`` ``[B, Hkv, M, D]``, ``v`` ``[B, Hkv, M, Dv]``, features ``fq``
-    ``[B, Hkv, G, N, F]`` and ``fk`` ``[B, Hkv, M, F]``; ``state`` holds the keys before ``k`` (causal; decayed
-    to k's first position); ``log_mix`` ``[Hkv, G]`` is ln λ. Returns ``[B, N, Hq, Dv]`` in q's dtype and, with
+    ``[B, Hkv, G, N, F]`` and ``fk`` ``[B, Hkv, M, F]``; ``state`` holds the keys before ``k`` (causal);
+    ``log_mix`` ``[Hkv, G]`` is ln λ. Returns ``[B, N, Hq, Dv]`` in q's dtype and, with
     ``need_state`` (causal), the state of every key that is outside the window of the next position
     (positions ≤ M - W), i.e. all but the last W - 1 keys. ``blocked`` bounds temporaries (no autograd).
     ``sinks`` (keys at absolute positions, k's first key at ``offset``): softmax keys for every query that can
@@ -108,11 +109,10 @@ def hybrid_attention(
         is_sink = ((kpos[None, :, None] == sinks.pos[:, None, :]) & sinks.valid[:, None, :]).any(-1)
         lin_w = kw * (~is_sink).to(kw.dtype)
     masked = key_mask is not None or sinks is not None
-    decay = None if log_decay is None else log_decay.to(q.dtype)
     if causal:
         fold = max(0, m - n - window + 1)  # keys outside every query's window: straight into the state
         if fold:
-            state = accumulate(fk[:, :, :fold] * lin_w[:, None, :fold, None], v[:, :, :fold], state, decay)
+            state = accumulate(fk[:, :, :fold] * lin_w[:, None, :fold, None], v[:, :, :fold], state)
             k, v, fk, kw, lin_w = k[:, :, fold:], v[:, :, fold:], fk[:, :, fold:], kw[:, fold:], lin_w[:, fold:]
             m -= fold
             offset += fold
@@ -143,25 +143,17 @@ def hybrid_attention(
     qc = q.reshape(b, hkv, g, chunks, c, -1)
     fqc = fq.reshape(b, hkv, g, chunks, c, nf)
 
-    idx = torch.arange(c, device=q.device, dtype=q.dtype)
     fkc = fkp.view(b, hkv, x, c, nf)  # φ(k), zero for padded keys
     vc = vp.view(b, hkv, x, c, dv + 1)
-    # prefix states P[c]: the keys of chunks ≤ c - L - 1 (padded chunks < c), decayed to the start of chunk c,
-    # from chunk sums U[p] over the padded chunks p, each decayed to its end and on by (L - 1)C, the distance
-    # from there to the start of chunk p + L: P[c] = γ^C (P[c - 1] + U[c - 1])
-    if decay is None:
-        u = fkc.transpose(-1, -2) @ vc  # [B, Hkv, X, F, Dv + 1]
-    else:
-        u = (fkc * decay_powers(decay, c * lag - idx)[:, None, :, None]).transpose(-1, -2) @ vc
+    # prefix states P[c]: the keys of chunks ≤ c - L - 1 (padded chunks < c), from the chunk sums U[p] over the
+    # padded chunks p: P[c] = P[c - 1] + U[c - 1]
+    u = fkc.transpose(-1, -2) @ vc  # [B, Hkv, X, F, Dv + 1]
     s0 = None if state_in is None else torch.cat([state_in.S, state_in.z.unsqueeze(-1)], -1)
-    prefix_states = _running(u[:, :, :chunks], s0, decay, c)  # [B, Hkv, chunks, F, Dv + 1]
+    prefix_states = _running(u[:, :, :chunks], s0)  # [B, Hkv, chunks, F, Dv + 1]
     suffix_states = None
     if not causal:
-        # R[c] = Σ_{p ≥ c+2L+1} γ^{(p-2L-c)C} V[p]: the keys of chunks ≥ c + L + 1, decayed to the end of
-        # chunk c, with V[p] the chunk sums decayed to the chunk start and by (L - 1)C more
-        vsum = u if decay is None else (
-            (fkc * decay_powers(decay, idx + c * (lag - 1))[:, None, :, None]).transpose(-1, -2) @ vc)
-        suffix_states = _running(vsum[:, :, 2 * lag + 1:].flip(2), None, decay, c, first_carry=True).flip(2)
+        # R[c] = Σ_{p ≥ c+2L+1} U[p]: the keys of chunks ≥ c + L + 1
+        suffix_states = _running(u[:, :, 2 * lag + 1:].flip(2), None, inclusive=True).flip(2)
         suffix_states = F.pad(suffix_states, (0, 0, 0, 0, 0, chunks - suffix_states.shape[2]))
 
     a_idx = torch.arange(c, device=q.device)[:, None]
@@ -173,11 +165,7 @@ def hybrid_attention(
     # the kernel scores are needed only in the columns that hold a key outside some query's window
     lo, hi = _outside_span(c, width, lag, window, causal)
     band_weight = outside[:, lo:hi].to(q.dtype).expand(hkv, -1, -1)
-    if decay is not None:
-        band_weight = decay_powers(decay, dist.abs().to(q.dtype))[..., lo:hi] * band_weight  # [Hkv, C, cols]
     mix = None if log_mix is None else log_mix.to(q.dtype).exp()  # [Hkv, G]
-    q_to_prefix = None if decay is None else decay_powers(decay, idx)[..., None]  # [Hkv, C, 1]
-    q_to_suffix = None if decay is None else decay_powers(decay, c - idx)[..., None]
 
     tiny = torch.finfo(q.dtype).tiny
 
@@ -199,8 +187,6 @@ def hybrid_attention(
     hidden_rows = hidden.repeat(g, 1)
     weight_rows = per_row(band_weight)
     mix_rows = None if mix is None else mix.repeat_interleave(c, 1).view(1, hkv, 1, g * c, 1)
-    prefix_rows = None if q_to_prefix is None else per_row(q_to_prefix)
-    suffix_rows = None if q_to_suffix is None else per_row(q_to_suffix)
     sink_k = sink_v = sink_seen = None
     if sinks is not None:
         sink_k = (accum(sinks.keys) * scaling).transpose(-1, -2).unsqueeze(2)  # [B, Hkv, 1, D, S]
@@ -230,11 +216,8 @@ def hybrid_attention(
             far_scale = far_scale * mix_rows
         fr = f_rows[:, :, c0:c1]
         far = fr @ prefix_states[:, :, c0:c1]
-        if prefix_rows is not None:
-            far = far * prefix_rows
         if suffix_states is not None:
-            from_suffix = fr @ suffix_states[:, :, c0:c1]
-            far = far + (from_suffix if suffix_rows is None else from_suffix * suffix_rows)
+            far = far + fr @ suffix_states[:, :, c0:c1]
         vb = v_bands[:, :, c0:c1]
         o = far * far_scale + torch.exp(logits - top) @ vb
         if sink_logits is not None:
@@ -252,7 +235,7 @@ def hybrid_attention(
     done = length - keep
     new_state = state_in
     if done > 0 or new_state is None:
-        new_state = accumulate(fk[:, :, :done] * lin_w[:, None, :done, None], v[:, :, :done], state_in, decay)
+        new_state = accumulate(fk[:, :, :done] * lin_w[:, None, :done, None], v[:, :, :done], state_in)
     return res, new_state
 
 
@@ -264,36 +247,20 @@ def _outside_span(c: int, width: int, lag: int, window: int, causal: bool) -> tu
     return (cols[0], cols[-1] + 1) if cols else (0, 0)
 
 
-def _running(u: torch.Tensor, s0: torch.Tensor | None, decay: torch.Tensor | None, c: int,
-             first_carry: bool = False) -> torch.Tensor:
-    """Exclusive running sums over the chunks (dim 2; dim 1 is the KV head): out[0] = s0 (or 0),
-    out[x] = γ^C (out[x - 1] + u[x - 1]). With ``first_carry`` the sums are inclusive and decayed once more:
-    out[x] = γ^C (out[x - 1] + u[x]), out[-1] = 0 (the suffix states, from chunk sums two chunks away)."""
+def _running(u: torch.Tensor, s0: torch.Tensor | None, inclusive: bool = False) -> torch.Tensor:
+    """Running sums over the chunks (dim 2; dim 1 is the KV head), added one at a time (the same in every grad
+    mode; a cumsum sums in another order): exclusive, out[0] = s0 (or 0), out[x] = out[x - 1] + u[x - 1]; or
+    ``inclusive`` from 0, out[x] = out[x - 1] + u[x]."""
     if u.shape[2] == 0:
         return u
-    if decay is None:
-        # sequential adds, the same in every grad mode (a cumsum sums in another order)
-        outs = []
-        acc = torch.zeros_like(u[:, :, 0]) if s0 is None or first_carry else s0
-        for i in range(u.shape[2]):
-            if first_carry:
-                acc = acc + u[:, :, i]
-            outs.append(acc)
-            if not first_carry:
-                acc = acc + u[:, :, i]
-        return torch.stack(outs, 2) if outs else u
-    carry = torch.exp(decay * c).view(-1, 1, 1)
     outs = []
-    if first_carry:
-        acc = None
-        for i in range(u.shape[2]):
-            acc = carry * (u[:, :, i] if acc is None else acc + u[:, :, i])
-            outs.append(acc)
-        return torch.stack(outs, 2) if outs else u
-    acc = torch.zeros_like(u[:, :, 0]) if s0 is None else s0
+    acc = torch.zeros_like(u[:, :, 0]) if s0 is None or inclusive else s0
     for i in range(u.shape[2]):
+        if inclusive:
+            acc = acc + u[:, :, i]
         outs.append(acc)
-        acc = carry * (acc + u[:, :, i])
+        if not inclusive:
+            acc = acc + u[:, :, i]
     return torch.stack(outs, 2)
 
 
@@ -307,14 +274,15 @@ def branch_normalisers(
     scaling: float,
     causal: bool,
     key_mask: torch.Tensor | None = None,
-    log_decay: torch.Tensor | None = None,
+    log_gate: torch.Tensor | None = None,
     log_mix: torch.Tensor | None = None,
     block: int = 256,
     sinks: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The two parts of the hybrid's normaliser for every query, written out (O(N·M), a diagnostic):
-    window_i = Σ_{j∈win(i)} e^{s q_i·k_j - m_i} and far_i = λ_h Σ_{j∉win(i)} w_ij φ(q_i)·φ(k_j) e^{-m_i} (the first
-    ``sinks`` real keys count as window keys), with
+    window_i = Σ_{j∈win(i)} e^{s q_i·k_j - m_i} and far_i = λ_h Σ_{j∉win(i)} Σ_f φ_f(q_i) w_ij,f φ_f(k_j) e^{-m_i} (the
+    first ``sinks`` real keys count as window keys; w = 1, or the decay of the gates ``log_gate`` ``[B, Hkv, M, Γ]``,
+    taken from the gated scan of the keys W positions back, as the gated hybrid does), with
     m_i as in :func:`hybrid_attention` (the shares far / (window + far) do not depend on it). Shapes as
     :func:`hybrid_attention` (``q`` grouped ``[B, Hkv, G, N, D]``, no state); returns two ``[B, Hkv, G, N]``."""
     q, k, fq, fk = accum(q), accum(k), accum(fq), accum(fk)
@@ -325,6 +293,14 @@ def branch_normalisers(
         flags = torch.ones(q.shape[0], m, dtype=torch.bool, device=q.device) if key_mask is None else key_mask.bool()
         sink = (flags & (flags.long().cumsum(-1) <= sinks))[:, None, None, None, :]
     mix = None if log_mix is None else log_mix.to(q.dtype).exp()[None, :, :, None]  # [1, Hkv, G, 1]
+    gated_far = None
+    if log_gate is not None:
+        weight = torch.ones(q.shape[0], 1, m, 1, dtype=fk.dtype, device=q.device)
+        if real is not None:
+            weight = weight * real[:, 0, 0, 0, :, None]
+        if sink is not None:
+            weight = weight * ~sink[:, 0, 0, 0, :, None]
+        gated_far = _gated_far(fq, fk * weight, accum(log_gate), window, causal)
     j = torch.arange(m, device=q.device)
     wins, fars = [], []
     for start in range(0, n, block):
@@ -341,10 +317,28 @@ def branch_normalisers(
         logits = logits.masked_fill(~in_window, float("-inf"))
         top = logits.amax(-1, keepdim=True).clamp_min(0)
         win = torch.exp(logits - top).sum(-1)
-        scores = fq[..., start:start + block, :] @ fk.unsqueeze(2).transpose(-1, -2)  # [B, Hkv, G, nb, M]
-        if log_decay is not None:
-            scores = scores * decay_powers(log_decay.to(q.dtype), dist.abs().to(q.dtype))[None, :, None]
-        far = (scores * outside).sum(-1) * torch.exp(-top[..., 0])
+        if gated_far is None:
+            scores = fq[..., start:start + block, :] @ fk.unsqueeze(2).transpose(-1, -2)  # [B, Hkv, G, nb, M]
+            far = (scores * outside).sum(-1)
+        else:
+            far = gated_far[..., start:start + block]
+        far = far * torch.exp(-top[..., 0])
         wins.append(win)
         fars.append(far if mix is None else far * mix)
     return torch.cat(wins, -1), torch.cat(fars, -1)
+
+
+def _gated_far(fq: torch.Tensor, fk: torch.Tensor, log_gate: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
+    """Σ_{j ∉ win(i)} Σ_f φ_f(q_i) e^{-|b_i - b_j|_f} φ_f(k_j) ``[B, Hkv, G, N]`` for the last N of M positions: the
+    gated scan of the keys W positions back (and, bidirectionally, W positions ahead)."""
+    n, m = fq.shape[-2], fk.shape[-2]
+    ones = fk.new_ones(*fk.shape[:-1], 1)
+    fqm = queries_at_key_positions(fq, m)
+    sk, sv = shifted_keys(fk, ones, log_gate, window)
+    far, _ = gated_causal(fqm, sk, sv, log_gate, None)
+    if not causal:
+        rg = reverse_gates(log_gate)
+        rk, rv = shifted_keys(fk.flip(-2), ones, rg, window)
+        back, _ = gated_causal(fqm.flip(-2), rk, rv, rg, None)
+        far = far + back.flip(-2)
+    return far[..., m - n:, 0]
