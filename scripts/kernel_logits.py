@@ -32,7 +32,8 @@ def main() -> None:
         if len(args.compare) not in (2, 3):
             parser.error("--compare takes two files, or three (the third a reference)")
         a, b, *ref = (torch.load(f) for f in args.compare)
-        print(f"max |a - b| {(a - b).abs().max().item():.3g}  argmax agree {(a.argmax(-1) == b.argmax(-1)).float().mean():.4f}")
+        agree = (a.argmax(-1) == b.argmax(-1)).float().mean()
+        print(f"max |a - b| {(a - b).abs().max().item():.3g}  argmax agree {agree:.4f}")
         if ref:
             for name, x in (("a", a), ("b", b)):
                 print(f"max |{name} - reference| {(x.double() - ref[0].double()).abs().max().item():.3g}")
