@@ -31,6 +31,7 @@ from ..base import (
 )
 from ..linear import cost
 from ..linear.gated import (
+    augmented_state,
     cumulative,
     fold,
     gated_causal,
@@ -159,7 +160,7 @@ class LinearKernel(Kernel):
         """κ_ij = Σ_f φ_f(q_i) φ_f(k_j) e^{-|b_{p_i} - b_j|_f} ``[B, Hq, N, M]`` (b the running sum of the log-gates,
         0 without a decay); query i sits at position M - N + i. Without the window option's softmax part."""
         fq, fk = self.features(q, k, scaling)  # [B, Hkv, G, N, F], [B, Hkv, M, F]
-        gates = self.gates(k, scaling) if self.is_gated else None
+        gates = self.gates(k, scaling)
         if gates is None:
             return torch.einsum("bhgnf,bhmf->bhgnm", fq, fk).flatten(1, 2)
         n, m = q.shape[-2], k.shape[-2]
@@ -291,7 +292,7 @@ class LinearKernel(Kernel):
         hkv, m, dv = k.shape[1], k.shape[-2], v.shape[-1]
         self.check_positions(offset + m)
         kpos = torch.arange(offset, offset + m, device=q.device)
-        s = None if state is None else torch.cat([state.S, state.z.unsqueeze(-1)], -1)
+        s = augmented_state(state)
         prefix = m - n
         if prefix > 0:  # keys before the queries: folded into the starting state
             mask = None if key_mask is None else key_mask[:, :prefix]

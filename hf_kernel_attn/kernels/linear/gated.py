@@ -283,7 +283,7 @@ def gated_linear(fq, fk, v, log_gate, *, causal: bool, key_mask=None, state: Lin
     m, n = fk.shape[-2], fq.shape[-2]
     dv = v.shape[-1]
     if causal:
-        start = _augmented(state)
+        start = augmented_state(state)
         prefix = m - n
         if prefix:  # keys before the queries: folded into the starting state
             start = fold(fk[:, :, :prefix], v1[:, :, :prefix], log_gate[:, :, :prefix], start)
@@ -345,7 +345,7 @@ def _band(qf, kf, v1, real, window: int, scaling: float, causal: bool, sinks: Si
     return torch.cat(exact, -2), torch.cat(shifts, -2)
 
 
-def _augmented(state: LinearState | None) -> torch.Tensor | None:
+def augmented_state(state: LinearState | None) -> torch.Tensor | None:
     """[S, z] ``[B, H, F, Dv + 1]``."""
     return None if state is None else torch.cat([state.S, state.z.unsqueeze(-1)], -1)
 
@@ -371,7 +371,7 @@ def gated_hybrid(q, k, v, fq, fk, log_gate, *, window: int, scaling: float, caus
     v1 = with_ones(vf)
     exact, shift = _band(qf, kf, v1, real, window, scaling, causal, sinks, offset)
     # the gated part: keys j <= i - W (and j >= i + W bidirectionally) through the shifted keys
-    s0 = _augmented(state)
+    s0 = augmented_state(state)
     sk, sv = shifted_keys(fkm, v1, log_gate, window)
     prefix = m - n
     if causal:
