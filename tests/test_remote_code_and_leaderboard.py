@@ -198,3 +198,37 @@ def test_heat_map_colours_zero_scores():
     bottom = matplotlib.colormaps["RdYlGn"](0.0)
     assert tuple(rgba[0, 0]) == pytest.approx(bottom)  # coloured, the worst colour
     assert rgba[1, 1][3] == 0.0  # a missing cell is transparent (blank)
+
+
+def test_leaderboard_prints_progress_in_every_phase(tiny_llama, tiny_bert, tmp_path, monkeypatch, capsys):
+    """Each cell says when it starts and what it scored, the speed benchmark each (model, kernel) it timed (the
+    encoder too), the plots where they went; a phase running longer than HEARTBEAT_SECONDS prints a heartbeat."""
+    from hf_kernel_attn.leaderboard import sweep
+
+    monkeypatch.setattr(sweep, "HEARTBEAT_SECONDS", 0.25)
+    cfg = {"output_dir": str(tmp_path / "lb"), "data_dir": str(DATA), "context": 32, "jobs": 1,
+           "speed": {"length": 16, "repeats": 1}, "limit": {"wikitext2": 1, "stsb_embedding": 8},
+           "models": [{"name": "tiny-llama", "model": str(tiny_llama), "kernels": ["softmax", "elu"],
+                       "tasks": ["wikitext2"]},
+                      {"name": "tiny-bert", "model": str(tiny_bert), "kernels": ["softmax"],
+                       "tasks": ["stsb_embedding"]}]}
+    path = tmp_path / "lb.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    sweep.leaderboard(path)
+    out = capsys.readouterr().out.splitlines()
+
+    def index(prefix: str) -> int:
+        found = [i for i, ln in enumerate(out) if ln.startswith(prefix)]
+        assert found, f"no line starting {prefix!r} in:\n" + "\n".join(out)
+        return found[0]
+
+    assert index("leaderboard: 3 cell(s) of 3 row(s) to evaluate") == 0
+    for label, metric in (("tiny-llama softmax wikitext2", "perplexity"), ("tiny-llama elu wikitext2", "perplexity"),
+                          ("tiny-bert softmax stsb_embedding", "spearman")):
+        assert index(f"{label}: evaluating") < index(f"{label}: {metric} ") < index(f"{label}: done")
+    timed = [index(f"speed {m} {k}: ") for m, k in (("tiny-llama", "softmax"), ("tiny-llama", "elu"),
+                                                     ("tiny-bert", "softmax"))]
+    assert index("speed: timing 2 model(s)") < min(timed)
+    assert all(" ms per forward, " in out[i] for i in timed)
+    assert index("plots: wrote") > max(timed)
+    assert any(": still running (" in ln for ln in out)  # the heartbeat, every 0.25 s here

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.files import json_objects
+from ..model_paths import PKG_PREFIX, resolve_package_path
 
 # task -> (stock yaml relative to lm_eval/tasks, {split: local files}, converter name)
 _LOCAL = {
@@ -185,6 +186,8 @@ def register_model() -> None:
             import hf_kernel_attn
 
             if isinstance(pretrained, str):
+                if pretrained.startswith(PKG_PREFIX):
+                    pretrained = resolve_package_path(pretrained)
                 params = json.loads(kernel_params) if isinstance(kernel_params, str) else dict(kernel_params or {})
                 load = {"gguf_file": gguf_file} if gguf_file else {}
                 if kernel:
@@ -233,3 +236,47 @@ def run_lm_eval_tasks(model, tokenizer, tasks: list[str], *, data_dir: str | os.
             stderr = stderr if isinstance(stderr, (int, float)) else None
             out.append((task, split, metric, float(value), stderr, int(n or 0), secs))
     return out
+
+
+def _take_option(argv: list[str], name: str) -> tuple[str | None, list[str]]:
+    """``--name VALUE`` or ``--name=VALUE`` out of ``argv``: the value (None if absent) and the rest."""
+    rest, value, i = [], None, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == name:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                raise ValueError(f"{name} expects a value")
+            value = argv[i + 1]
+            i += 2
+            continue
+        if arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    return value, rest
+
+
+def local_task_args(argv: list[str], work_dir: str | os.PathLike) -> list[str]:
+    """lm-eval command-line arguments with ``--data-dir DIR`` (and ``--split validation|test``, default
+    validation) replaced by ``--include_path`` to local copies of the ``--tasks`` named (written into
+    ``work_dir``), so that the stock tasks run offline on the files of ``EVAL_SPLITS.md``. Without
+    ``--data-dir`` the arguments come back unchanged (lm-eval then loads its tasks from the hub)."""
+    data_dir, rest = _take_option(list(argv), "--data-dir")
+    split, rest = _take_option(rest, "--split")
+    if data_dir is None:
+        if split is not None:
+            raise ValueError("--split only applies with --data-dir (the local task files)")
+        return list(argv)
+    split = split or "validation"
+    if split not in ("validation", "test"):
+        raise ValueError(f"--split must be validation or test, got {split!r}")
+    tasks, _ = _take_option(rest, "--tasks")
+    if not tasks:
+        raise ValueError(f"--data-dir needs --tasks with tasks that have local files: {sorted(_LOCAL)}")
+    names = [t for t in tasks.split(",") if t]
+    unknown = [t for t in names if t not in _LOCAL]
+    if unknown:
+        raise ValueError(f"--data-dir: no local files for task(s) {unknown}; tasks with local files: {sorted(_LOCAL)}")
+    folder = local_task_dir(names, data_dir, split, work_dir)
+    return [*rest, "--include_path", str(folder)]

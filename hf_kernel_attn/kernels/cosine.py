@@ -14,18 +14,19 @@ import math
 import torch
 from torch import nn
 
-from .base import Kernel, KernelOptions, accum, expand_kv, one_of, positive
+from .base import Kernel, KernelOptions, accum, expand_kv, one_of, option, positive
 from .projection import PROJECTIONS, QKProjection
 from .softmax import fused_attention
 
 
 @dataclasses.dataclass
 class CosineOptions(KernelOptions):
-    gain: float | None = None
-    length: int = 512
-    learnable: bool = True
-    eps: float = 1e-6
-    projection: str = "none"  # learnable per-head map on q, k before normalising: none | diagonal | full
+    gain: float | None = option(None, "per-head gain g at init (logits lie in [-g, g]); None = log2(L² - L) "
+                                      "with L = length")
+    length: int = option(512, "L of the default gain init log2(L² - L) (QKNorm)")
+    learnable: bool = option(True, "train the per-head gain (attention transfer); False keeps it fixed")
+    eps: float = option(1e-6, "floor of ||q|| and ||k|| when normalising")
+    projection: str = option("none", "learnable per-head map on q, k before normalising: none | diagonal | full")
 
     def validate(self) -> None:
         positive("gain", self.gain)

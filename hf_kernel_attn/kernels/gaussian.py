@@ -22,18 +22,21 @@ import dataclasses
 import torch
 from torch import nn
 
-from .base import Kernel, KernelOptions, expand_kv, one_of, positive, visibility_mask
+from .base import Kernel, KernelOptions, expand_kv, one_of, option, positive, visibility_mask
 from .projection import PROJECTIONS, QKProjection
 from .softmax import fused_attention
 
 
 @dataclasses.dataclass
 class GaussianOptions(KernelOptions):
-    sigma: float | None = None  # None: σ² = 1 / (host softmax scale)
-    learnable: bool = True
-    normalize: bool = True
-    augment: bool = False
-    projection: str = "none"  # learnable per-head map on q, k: none | diagonal (ARD bandwidths) | full
+    sigma: float | None = option(None, "bandwidth σ at init; None = σ² = 1 / (the host's softmax scale), which "
+                                       "keeps every q·k logit and adds the key-norm penalty")
+    learnable: bool = option(True, "train the per-head bandwidth (attention transfer); False keeps σ fixed")
+    normalize: bool = option(True, "row-normalise the weights (softmax with a key-norm bias); False = the raw "
+                                   "Σ_j κ(q_i, k_j) v_j")
+    augment: bool = option(False, "append one coordinate to q and k so that the Gaussian equals softmax exactly "
+                                  "at init (needs normalize)")
+    projection: str = option("none", "learnable per-head map on q, k: none | diagonal (ARD bandwidths) | full")
 
     def validate(self) -> None:
         positive("sigma", self.sigma)

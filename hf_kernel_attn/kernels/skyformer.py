@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from .base import Kernel, KernelOptions, one_of, positive
+from .base import Kernel, KernelOptions, one_of, option, positive
 from .gaussian import normalized_gaussian, unnormalized_gaussian
 
 FORMS = ("auto", "nystrom", "exact")
@@ -39,12 +39,14 @@ NYSTROM_COST_FACTOR = 2.0
 
 @dataclasses.dataclass
 class SkyformerOptions(KernelOptions):
-    num_landmarks: int = 64
-    ridge: float = 0.1
-    newton_iters: int = 6
-    normalize: bool = True
-    eps: float = 1e-6
-    form: str = "auto"  # auto | nystrom | exact
+    num_landmarks: int = option(64, "Nyström landmarks, half among the real queries and half among the real keys")
+    ridge: float = option(0.1, "ridge added to the landmarks' Gram matrix κ(L, L) before inverting it")
+    newton_iters: int = option(6, "Newton–Schulz steps of the landmark pseudo-inverse")
+    normalize: bool = option(True, "divide by the approximated row sums (a softmax drop-in); False = the "
+                                   "paper's unnormalised C V")
+    eps: float = option(1e-6, "floor of the approximated row sums")
+    form: str = option("auto", "auto | nystrom | exact: auto computes the exact Gaussian where that is cheaper "
+                               "than Nyström (short sequences)")
 
     def validate(self) -> None:
         for name in ("num_landmarks", "newton_iters"):

@@ -24,7 +24,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from .base import Kernel, KernelOptions, expand_kv, visibility_mask
+from .base import Kernel, KernelOptions, expand_kv, option, visibility_mask
 
 # queries per SDPA call of the windowed form: C = W clamped to [MIN_QUERY_CHUNK, QUERY_CHUNK]
 QUERY_CHUNK = 256
@@ -179,8 +179,10 @@ def _count(name: str, value: object, meaning: str) -> None:
 
 @dataclasses.dataclass
 class SoftmaxOptions(KernelOptions):
-    window: int = 0  # W > 0: each query attends only to the keys within W positions of it (sliding window)
-    sinks: int = 0  # S > 0 (needs a window): the first S real tokens of each row are always attended (StreamingLLM)
+    window: int = option(0, "W > 0: each query attends only to the keys within W positions of it (sliding "
+                            "window); 0 = the whole context")
+    sinks: int = option(0, "S > 0 (needs a window): the first S real tokens of each row are always attended "
+                           "(StreamingLLM)")
 
     def validate(self) -> None:
         _count("window", self.window, "0 = the whole context, W > 0 = a sliding window of W keys")

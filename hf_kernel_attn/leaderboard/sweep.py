@@ -8,7 +8,8 @@ file, never a half-written cell; a re-run skips every cell that already has reco
 (e.g. its data file is missing) is written to ``errors.jsonl`` and shown as such; it is retried only
 with ``--retry-errors``.
 
-Config::
+Config (every key can be overridden on the command line: ``--set KEY=VALUE``, a dotted key whose integer parts
+index lists, e.g. ``--set limit=1 --set models.2.finetune_set=[max_steps=2]``)::
 
     output_dir: outputs/leaderboard          # --output-dir overrides
     data_dir: ../shared/data                 # --data-dir overrides; null = the hub
@@ -35,18 +36,29 @@ Config::
     jobs: 1          # --jobs overrides; >= 2: rows ((model, kernel) pairs, a conversion and its evaluation being
                      # one row) run in that many spawned processes, each on cores / jobs torch threads, the
                      # conversions first; the main process alone writes results.jsonl
+
+Progress: every cell prints when it starts and what it scored, a conversion its steps (at least every 30 s),
+the speed benchmark each (model, kernel) it timed, and any step that runs longer than ``HEARTBEAT_SECONDS``
+(30) a ``still running`` line, in worker processes too (they share the terminal, line-buffered).
+
+The heat map (:mod:`.plots`) shows each cell relative to the model's softmax row, except cells at or below the
+task's chance level (:mod:`.chance`: from the task's definition and the evaluated items), which are hatched and
+read ``chance``; leaderboard.md lists the chance levels and those cells.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import csv
 import json
 import multiprocessing
 import os
+import threading
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +68,10 @@ from ..evaluation.runner import ModelSpec, run_eval
 from ..evaluation.tasks import LONG_CONTEXT_TASKS, check_split, check_tasks
 from ..kernels import KERNELS, import_modules, is_softmax
 from ..training.events import reached
+from .plots import HEAT_RANGE, LOWER_IS_BETTER, heat_values
+
+__all__ = ["HEAT_RANGE", "LOWER_IS_BETTER", "MAIN_METRIC", "heat_values", "heartbeat", "leaderboard",
+           "load_leaderboard_config", "render", "run_leaderboard"]
 
 MAIN_METRIC = {
     "wikitext2": "perplexity", "ptb": "perplexity", "tinyshakespeare": "perplexity", "lambada_openai": "acc",
@@ -64,13 +80,42 @@ MAIN_METRIC = {
     "stsb": "spearman", "stsb_embedding": "spearman", "passkey": "exact_match", "niah": "exact_match",
     "kv_recall": "exact_match", "position_loss": "loss",
 }
-LOWER_IS_BETTER = {"perplexity", "bits_per_byte", "loss"}
 _MODEL_KEYS = {"name", "model", "gguf_file", "kernels", "kernel_params", "tasks", "finetune", "finetune_set",
                "layers", "lengths", "depths", "samples"}
 _LONG_KEYS = ("lengths", "depths", "samples")  # a model entry's own long-context grid (default: the top level's)
 _TOP_KEYS = {"imports", "output_dir", "data_dir", "split", "context", "batch_size", "limit", "models", "lengths",
              "depths", "samples", "seed", "speed", "jobs"}
 _SPEED_KEYS = {"length": 512, "repeats": 3}  # the interleaved benchmark behind the speed plot (speed.jsonl)
+HEARTBEAT_SECONDS = 30.0  # every phase prints at least this often: a heartbeat while one step runs long
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
+@contextlib.contextmanager
+def heartbeat(label: str, status: Callable[[], str] | None = None) -> Iterator[None]:
+    """While the block runs, print ``LABEL: still running (TIME)[; STATUS]`` every :data:`HEARTBEAT_SECONDS`
+    (a daemon thread; ``status()`` says how far it got), so that no phase is silent for long."""
+    start, stop = time.perf_counter(), threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_SECONDS):
+            extra = ""
+            if status is not None:
+                with contextlib.suppress(Exception):
+                    extra = status()
+            print(f"{label}: still running ({_duration(time.perf_counter() - start)})"
+                  + (f"; {extra}" if extra else ""), flush=True)
+
+    thread = threading.Thread(target=beat, name=f"heartbeat {label}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _unknown_keys(keys: set, valid: set[str], where: str) -> None:
@@ -84,9 +129,47 @@ def _unknown_keys(keys: set, valid: set[str], where: str) -> None:
         raise ValueError(f"unknown {where} key(s) {', '.join(hints)}; valid: {sorted(valid)}")
 
 
+def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` on a leaderboard config: a dotted key (an integer part indexes a list, e.g.
+    ``models.2.finetune_set``), a YAML value, as ``finetune --set`` takes them. Mappings on the way are created
+    where the config has none (``speed.repeats=1`` with ``speed: null``); a bad index is a ValueError naming the
+    list's length. The result is checked like the file itself."""
+    from ..training.config import ConfigError, parse_override
+
+    for item in overrides:
+        try:
+            path, value = parse_override(item)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        node: Any = cfg
+        for depth, part in enumerate(path):
+            where = ".".join(path[:depth]) or "the config"
+            last = depth == len(path) - 1
+            if isinstance(node, list):
+                if not part.lstrip("-").isdigit() or not -len(node) <= int(part) < len(node):
+                    raise ValueError(f"--set {item}: {where} is a list of {len(node)}; index it with 0.."
+                                     f"{len(node) - 1}, got {part!r}")
+                if last:
+                    node[int(part)] = value
+                else:
+                    node = node[int(part)]
+                continue
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {item}: {where} is {node!r}, not a mapping or list")
+            if last:
+                node[part] = value
+            else:
+                if not isinstance(node.get(part), (dict, list)):
+                    node[part] = {}
+                node = node[part]
+    return cfg
+
+
 def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None,
-                            output_dir: str | None = None, jobs: int | None = None) -> dict[str, Any]:
-    """Read and check a leaderboard YAML; every error is a ValueError naming the bad key or value."""
+                            output_dir: str | None = None, jobs: int | None = None,
+                            overrides: list[str] | None = None) -> dict[str, Any]:
+    """Read and check a leaderboard YAML (with ``overrides``, ``KEY=VALUE`` items as in ``--set``); every error
+    is a ValueError naming the bad key or value."""
     from ..training.config import ConfigError, read_yaml_file, resolve_package_path
 
     path = Path(path)
@@ -98,6 +181,7 @@ def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None
         raise ValueError(str(exc)) from None
     if not isinstance(cfg, dict):
         raise ValueError(f"leaderboard config {str(path)!r} must hold a YAML mapping, got {type(cfg).__name__}")
+    apply_overrides(cfg, list(overrides or []))
     _unknown_keys(set(cfg), _TOP_KEYS, "leaderboard")
     imports = cfg.setdefault("imports", [])
     if not isinstance(imports, list) or not all(isinstance(x, str) for x in imports):
@@ -222,7 +306,29 @@ def _finetuned(cfg: dict[str, Any], m: dict[str, Any], kernel: str) -> str | Non
     if (out / "final" / "config.json").exists():
         return str(out / "final")
     train_cfg = load_config(config_path, [*m.get("finetune_set", []), f"output_dir={out}"])
-    return str(finetune(train_cfg, resume=(out / "training_log.jsonl").exists()))
+    resume = (out / "training_log.jsonl").exists()
+    label = f"{m['name']} {kernel}: conversion"
+    print(f"{label}: {'resuming' if resume else 'starting'} {config_path} in {out}", flush=True)
+    start = time.perf_counter()
+    with heartbeat(label, lambda: _training_status(out)):
+        final = finetune(train_cfg, resume=resume)
+    print(f"{label}: finished in {_duration(time.perf_counter() - start)}", flush=True)
+    return str(final)
+
+
+def _training_status(out: Path) -> str:
+    """The last step a conversion logged (its training_log.jsonl), for the heartbeat."""
+    path = out / "training_log.jsonl"
+    if not path.exists():
+        return "loading, no step yet"
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - 4096))
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    try:
+        last = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        return ""
+    return f"stage {last['stage']} step {last['stage_step']}, loss {last['loss']:.4g}"
 
 
 def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str, Any]:
@@ -238,6 +344,10 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
     rows = [(m, kernel, [t for t in m["tasks"] if (m["name"], kernel, t, cfg["split"]) not in done])
             for m in cfg["models"] for kernel in m["kernels"]]
     rows = [r for r in rows if r[2]]
+    if rows:
+        workers = min(cfg["jobs"], len(rows)) if len(rows) >= 2 else 1
+        print(f"leaderboard: {sum(len(r[2]) for r in rows)} cell(s) of {len(rows)} row(s) to evaluate"
+              + (f" in {workers} worker processes" if workers >= 2 else ""), flush=True)
 
     def emit(kind: str, m: dict[str, Any], kernel: str, payload: Any) -> None:
         if kind == "cell":
@@ -288,14 +398,22 @@ def _evaluate_row(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: lis
     spec = ModelSpec(model_path, gguf, spec_kernel, m.get("layers") if spec_kernel else None,
                      params if spec_kernel else {})
     for task in todo:
+        label = f"{m['name']} {kernel} {task}"
+        limit = _limit(cfg, task)
+        print(f"{label}: evaluating" + (f" (limit {limit})" if limit else ""), flush=True)
+        start = time.perf_counter()
         try:
-            records = run_eval(spec, [task], data_dir=cfg["data_dir"], split=cfg["split"], limit=_limit(cfg, task),
-                               batch_size=cfg["batch_size"], context=cfg["context"],
-                               lengths=m.get("lengths", cfg["lengths"]), depths=m.get("depths", cfg["depths"]),
-                               samples=m.get("samples", cfg["samples"]), seed=cfg["seed"])
+            with heartbeat(label):
+                records = run_eval(spec, [task], data_dir=cfg["data_dir"], split=cfg["split"], limit=limit,
+                                   batch_size=cfg["batch_size"], context=cfg["context"],
+                                   lengths=m.get("lengths", cfg["lengths"]), depths=m.get("depths", cfg["depths"]),
+                                   samples=m.get("samples", cfg["samples"]), seed=cfg["seed"])
         except Exception as exc:
             emit("error", m, kernel, error(task, exc))
             continue
+        main = [r for r in records if r["metric"] == MAIN_METRIC.get(task)]
+        score = f"{main[0]['metric']} {main[0]['value']:.4g}" if len(main) == 1 else f"{len(records)} records"
+        print(f"{label}: {score} in {_duration(time.perf_counter() - start)}", flush=True)
         emit("cell", m, kernel, records)
 
 
@@ -303,8 +421,14 @@ def _row_in_worker(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: li
                    threads: int) -> list[tuple[str, Any]]:
     """:func:`_evaluate_row` in a spawned worker (it imports the user's kernel modules itself); returns what it
     emitted, for the main process to write."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):  # the worker shares the terminal: each line as it is printed, even
+        with contextlib.suppress(AttributeError, ValueError):  # when that is a pipe or a log file
+            stream.reconfigure(line_buffering=True)
     import_modules(cfg.get("imports", []), where="leaderboard imports")
     torch.set_num_threads(threads)
+    print(f"{m['name']} {kernel}: row started in worker process {os.getpid()} ({threads} thread(s))", flush=True)
     out: list[tuple[str, Any]] = []
     _evaluate_row(cfg, m, kernel, todo, lambda kind, _m, _k, payload: out.append((kind, payload)))
     return out
@@ -354,26 +478,62 @@ SPEED_FILE = "speed.jsonl"
 def _speed(cfg: dict[str, Any], path: Path) -> None:
     """Interleaved whole-model forward timings (speed/model_bench.py: every kernel in turn, rotating order, the
     median ratio to softmax) of each model's kernels at ``speed.length`` tokens, once per model: the speed
-    plot's x axis, measured apart from evaluation so that machine load during a cell does not show as speed."""
-    from ..speed.model_bench import bench_models, load_models
-
+    plot's x axis, measured apart from evaluation so that machine load during a cell does not show as speed.
+    Prints a line per (model, kernel) measured and, while the forwards run, a heartbeat with the count done."""
     done = {r["model"] for r in _read_jsonl(path)}
-    for m in cfg["models"]:
-        kernels = [k for k in m["kernels"] if k != "saved"]
-        if m["name"] in done or m.get("finetune") or not kernels:
-            continue  # a converted row runs its base model's kernel: timed with the base model's row
+    todo = [m for m in cfg["models"] if m["name"] not in done and not m.get("finetune")
+            and any(k != "saved" for k in m["kernels"])]  # a converted row runs its base model's kernel: timed
+    if todo:  # with the base model's row
+        print(f"speed: timing {len(todo)} model(s), every kernel at {cfg['speed']['length']} tokens, "
+              f"{cfg['speed']['repeats']} interleaved rounds", flush=True)
+    for m in todo:
+        if m["name"] in done:  # two entries of one model
+            continue
+        start = time.perf_counter()
         try:
-            models, kind = load_models(m["model"], kernels=["softmax", *kernels], gguf_file=m.get("gguf_file"),
-                                       params=m.get("kernel_params"))
-            rows = bench_models(models, kind, batches=[1], lengths=[cfg["speed"]["length"]],
-                                repeats=cfg["speed"]["repeats"], model_name=m["name"])
+            rows = _speed_model(m, cfg["speed"]["length"], cfg["speed"]["repeats"])
         except Exception as exc:  # the table stands without the plot
             print(f"{m['name']}: speed benchmark failed: {exc}", flush=True)
             continue
         _append_cell(path, [{k: r[k] for k in ("model", "kernel", "length", "time_s", "ratio_vs_softmax", "status")}
                             for r in rows])
         done.add(m["name"])
-        print(f"{m['name']}: speed benchmark done", flush=True)
+        print(f"{m['name']}: {_duration(time.perf_counter() - start)}, speed benchmark done", flush=True)
+
+
+def _speed_model(m: dict[str, Any], length: int, repeats: int) -> list[dict[str, Any]]:
+    """:func:`_speed` of one model entry: its rows of speed/model_bench.py's ``bench_models``."""
+    from ..speed.model_bench import bench_models, load_models
+
+    label = f"speed {m['name']}"
+    count = {"forwards": 0, "total": 0, "last": "loading the models"}
+
+    def status() -> str:
+        if not count["total"]:
+            return count["last"]
+        return f"{count['forwards']}/{count['total']} forwards, last: {count['last']}"
+
+    def counter(kernel: str):
+        def hook(*_: Any) -> None:  # counts only: nothing printed inside a timed forward
+            count.update(forwards=count["forwards"] + 1, last=kernel)
+        return hook
+
+    def measured(row: dict[str, Any]) -> None:
+        if row["status"] != "ok":
+            print(f"{label} {row['kernel']}: {row['status']} ({row.get('reason')})", flush=True)
+        else:
+            print(f"{label} {row['kernel']}: {1e3 * row['time_s']:.1f} ms per forward, "
+                  f"{row['ratio_vs_softmax']:.2f}x softmax's time", flush=True)
+
+    with heartbeat(label, status):
+        models, kind = load_models(m["model"], kernels=["softmax", *(k for k in m["kernels"] if k != "saved")],
+                                   gguf_file=m.get("gguf_file"), params=m.get("kernel_params"))
+        runs = [k for k, model in models.items() if model is not None]
+        for k in runs:
+            models[k].register_forward_hook(counter(k))
+        count.update(total=len(runs) * (1 + repeats), last="warm-up")  # bench_models' warm-up: one forward each
+        return bench_models(models, kind, batches=[1], lengths=[length], repeats=repeats, model_name=m["name"],
+                            progress=measured)
 
 
 def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict[str, Any]]) -> dict[str, Any]:
@@ -421,13 +581,16 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
                 values.append("–")
         lines.append("| " + " | ".join([name, kernel, *values]) + " |")
     notes = [f"\nSplit: `{split}`; data: `{cfg['data_dir']}`; limits: `{cfg['limit']}`.\n"]
+    with heartbeat("chance levels"):
+        chances = _chances(cfg, {k: cell[k] for k in ((n, kr, t) for n, kr in rows for t in columns) if k in cell})
+    notes += _chance_notes(rows, columns, cell, chances)
     if failed:
         notes.append("Errors (rerun with --retry-errors):\n")
         notes += [f"- {k[0]} / {k[1]} / {k[2]}: {v}" for k, v in sorted(failed.items())]
     (out / "leaderboard.md").write_text("\n".join(lines) + "\n" + "\n".join(notes) + "\n")
     with open(out / "leaderboard.csv", "w", newline="") as f:
         csv.writer(f).writerows(csv_rows)
-    _plots(out, rows, columns, cell, _read_jsonl(out / SPEED_FILE))
+    _plots(cfg, out, rows, columns, cell, chances, _read_jsonl(out / SPEED_FILE))
     long_records = [r for r in records if r["split"] == split and r["task"] in LONG_CONTEXT_TASKS]
     if long_records:
         try:
@@ -447,79 +610,63 @@ def _long_columns(task: str, cfg: dict[str, Any]) -> list[str]:
 
 
 
-HEAT_RANGE = 3.0  # the heat map's colour scale: log2 ratios in [-3, 3] (1/8x ... 8x softmax)
+def _chances(cfg: dict[str, Any], cell: dict[tuple[str, str, str], dict[str, Any]]) -> dict[tuple, Any]:
+    """Each scored cell's chance level (:mod:`.chance`: from the task's definition and data; None for
+    perplexity)."""
+    from .chance import chance_level
+
+    out = {}
+    for key, r in cell.items():
+        out[key] = chance_level(key[2].split("@")[0], r["metric"], r.get("n"), split=cfg["split"],
+                                data_dir=cfg.get("data_dir"), record=r)
+    return out
 
 
-def heat_values(ratios):
-    """log2 of the quality ratios, clipped to the colour scale: a 0 score (log2 0 = -inf, which imshow leaves
-    blank) is the bottom colour, an unbounded one the top; a missing cell (NaN) stays blank."""
-    import numpy as np
+def _timed_as(cfg: dict[str, Any]) -> dict[tuple[str, str], tuple[str, str]]:
+    """(row of a converted entry, kernel) -> (the timed entry of the same base model, kernel): a converted model
+    runs its base model's kernel, timed with that entry (see :func:`_speed`)."""
+    timed = {}
+    for m in cfg["models"]:
+        if not m.get("finetune"):
+            timed.setdefault(str(m.get("model")), m["name"])
+    return {(m["name"], k): (timed[str(m.get("model"))], k) for m in cfg["models"]
+            if m.get("finetune") and str(m.get("model")) in timed for k in m["kernels"]}
 
-    with np.errstate(divide="ignore"):
-        return np.clip(np.log2(ratios), -HEAT_RANGE, HEAT_RANGE)
 
-def _plots(out: Path, rows, columns, cell, speed_rows=()) -> None:
-    try:
-        import matplotlib
+def _chance_notes(rows, columns, cell, chances) -> list[str]:
+    """leaderboard.md's lines on chance: each column's level(s) and the cells at or below it."""
+    from .chance import at_chance
+    from .plots import CHANCE_RULE
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import numpy as np
-    except ImportError:
-        print("matplotlib is not installed: no plots (pip install 'hf_kernel_attn[bench]')", flush=True)
-        return
-    # heat map: each cell relative to the same model's softmax row (ratio; perplexity inverted: >1 = better);
-    # a model without one (a converted model's own row) is compared with the first softmax row of that task
-    grid = np.full((len(rows), len(columns)), np.nan)
-    first_softmax = {}
-    for name, kernel in rows:
-        for t in columns:
-            if is_softmax(kernel) and (name, kernel, t) in cell:
-                first_softmax.setdefault(t, cell[(name, kernel, t)])
-    for i, (name, kernel) in enumerate(rows):
-        for j, t in enumerate(columns):
-            r, base = cell.get((name, kernel, t)), cell.get((name, "softmax", t), first_softmax.get(t))
-            if r is None or base is None or not base["value"]:
-                continue
-            ratio = r["value"] / base["value"]
-            grid[i, j] = 1 / ratio if r["metric"] in LOWER_IS_BETTER else ratio
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(columns), 0.9 + 0.42 * len(rows)))
-    im = ax.imshow(heat_values(grid), cmap="RdYlGn", vmin=-HEAT_RANGE, vmax=HEAT_RANGE, aspect="auto")
-    ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
-    ax.set_yticks(range(len(rows)), [f"{n} / {k}" for n, k in rows])
-    for i in range(len(rows)):
-        for j in range(len(columns)):
-            if not np.isnan(grid[i, j]):
-                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8)
-    fig.colorbar(im, ax=ax, label="log2(quality vs softmax; perplexity inverted)")
-    ax.set_title("kernel × task, relative to softmax")
-    fig.tight_layout()
-    fig.savefig(out / "leaderboard_heatmap.png", dpi=90)
-    plt.close(fig)
-    # quality vs speed: the first perplexity task against the interleaved benchmark's forward time relative to
-    # softmax (speed.jsonl), never evaluation timings (those depend on whatever else the machine was doing)
-    ppl_task = next((t for t in columns if MAIN_METRIC.get(t) == "perplexity"), None)
-    ratio = {(r["model"], r["kernel"]): r["ratio_vs_softmax"] for r in speed_rows
-             if r.get("status") == "ok" and r.get("ratio_vs_softmax")}
-    points = [(kernel, ratio[(name, kernel)], cell[(name, kernel, ppl_task)]["value"]) for name, kernel in rows
-              if ppl_task and (name, kernel) in ratio and (name, kernel, ppl_task) in cell]
-    if not points:
-        return
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    for kernel, x, y in points:
-        ax.scatter(x, y)
-        ax.annotate(kernel, (x, y), fontsize=8)
-    length = next((r["length"] for r in speed_rows if r.get("length")), "?")
-    ax.set_xlabel(f"forward time / softmax's (interleaved benchmark, {length} tokens)")
-    ax.set_ylabel(f"{ppl_task} perplexity")
-    ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out / "leaderboard_speed.png", dpi=90)
-    plt.close(fig)
+    lines = []
+    for t in columns:
+        levels: dict[tuple[float, str], list[tuple[str, str]]] = {}
+        for name, kernel in rows:
+            c = chances.get((name, kernel, t))
+            if c is not None:
+                levels.setdefault((round(c.value, 4), c.how), []).append((name, kernel))
+        for (value, how), keys in levels.items():
+            ses = sorted({f"{chances[(n, k, t)].se:.3g}" for n, k in keys}, key=float)
+            se = ses[0] if len(ses) == 1 else f"{ses[0]}-{ses[-1]}"
+            low = [f"{n} / {k}" for n, k in keys if at_chance(cell[(n, k, t)]["value"], chances[(n, k, t)])]
+            lines.append(f"- {t}: chance {value:.4g} ± {se} ({how}); at chance: {', '.join(low) or 'none'}")
+    if lines:
+        lines.insert(0, f"Chance levels (a cell at chance, {CHANCE_RULE}, is hatched in the heat map):\n")
+        lines.append("")
+    return lines
+
+
+def _plots(cfg: dict[str, Any], out: Path, rows, columns, cell, chances, speed_rows=()) -> None:
+    from .plots import write_plots
+
+    with heartbeat("plots"):
+        written = write_plots(out, rows, columns, cell, chances, speed_rows, _timed_as(cfg))
+    if written:
+        print(f"plots: wrote {', '.join(str(p) for p in written)}", flush=True)
 
 
 def leaderboard(config_path: str | os.PathLike, data_dir: str | None = None, output_dir: str | None = None,
-                retry_errors: bool = False, jobs: int | None = None) -> dict[str, Any]:
-    cfg = load_leaderboard_config(config_path, data_dir, output_dir, jobs)
+                retry_errors: bool = False, jobs: int | None = None,
+                overrides: list[str] | None = None) -> dict[str, Any]:
+    cfg = load_leaderboard_config(config_path, data_dir, output_dir, jobs, overrides)
     return run_leaderboard(copy.deepcopy(cfg), retry_errors=retry_errors)

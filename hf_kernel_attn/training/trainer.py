@@ -32,6 +32,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ from .stages import STAGE_TYPES
 from .tasks import TASK_TYPES
 
 LOG_FILE = "training_log.jsonl"
+PROGRESS_SECONDS = 30.0  # a progress line (stdout) at least this often in wall-clock time, besides the bar
 VALIDATION_FILE = "validation.jsonl"
 AUTO_LAYERS_FILE = "auto_layers.json"  # layers: auto:K -- the layers kept as softmax and every layer's error
 AUTO_HEADS_FILE = "auto_heads.json"  # heads: auto:K -- the heads kept as exact softmax and every head's error
@@ -382,6 +384,8 @@ class Trainer:
             else:
                 weight = ".kernel_attn." not in n and (chosen is None or any(f".{m}." in f".{n}" for m in chosen))
                 p.requires_grad_(weight or (is_kernel and stage_cfg["train_kernel"]))
+            if set(n.split(".")) & set(self.task_impl.unused_modules):
+                p.requires_grad_(False)
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def _checkpoint_tensors(self, optimizer, scheduler) -> dict[str, Any]:
@@ -566,6 +570,8 @@ class Trainer:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=stage_cfg["steps"], initial=state["stage_step"], desc=stage, dynamic_ncols=True)
+        said = None  # wall clock of the last progress line: one at the first step, the last, and every
+        # PROGRESS_SECONDS between (the bar alone says nothing in a log file, or beside other processes' output)
         while state["stage_step"] < stage_cfg["steps"]:
             reached(f"begin-step-{state['global_step'] + 1}")
             step_start = time.perf_counter()
@@ -607,6 +613,13 @@ class Trainer:
             if over and state["stage_step"] < stage_cfg["steps"]:
                 over = self._reduce(float(over), "max") > 0
             last = state["stage_step"] >= stage_cfg["steps"] or over
+            now = time.perf_counter()
+            if bar is not None and (last or said is None or now - said >= PROGRESS_SECONDS):
+                said = now
+                bar.write(f"{stage}: step {state['stage_step']}/{stage_cfg['steps']} (run step "
+                          f"{state['global_step']}), loss {loss_value:.4g}, {tokens / step_seconds:.0f} tokens/s, "
+                          f"{state['seconds']:.0f} s", file=sys.stdout)
+                sys.stdout.flush()
             if last:
                 state["stage_done"] = True
                 if over and self.main:

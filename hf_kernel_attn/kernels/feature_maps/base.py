@@ -25,6 +25,7 @@ from ..base import (
     accum,
     group_queries,
     one_of,
+    option,
     positive,
     ungroup_output,
     visibility_mask,
@@ -45,12 +46,16 @@ from ..linear.window import hybrid_attention, update_sinks
 
 @dataclasses.dataclass
 class LinearOptions(KernelOptions):
-    eps: float = 1e-6
-    chunk_size: int = linear.DEFAULT_CHUNK
-    window: int = 0  # W > 0: exact softmax over the last W keys, the feature map over older ones (linear/window.py)
-    window_mix: bool = False  # a learnable per-head factor λ_h = exp(θ_h) on the feature-map part (LoLCATs)
-    sinks: int = 0  # S > 0 (needs a window): the first S real tokens join the softmax part (StreamingLLM)
-    softmax_heads: list[int] = dataclasses.field(default_factory=list)  # query heads kept as exact softmax
+    eps: float = option(1e-6, "floor of the normaliser φ(q_i)·Σ_j φ(k_j)")
+    chunk_size: int = option(linear.DEFAULT_CHUNK, "positions per chunk of the causal chunked scan (speed and "
+                                                   "memory, not results)")
+    window: int = option(0, "W > 0: exact softmax over the last W keys, the feature map over older ones "
+                            "(sliding-window hybrid)")
+    window_mix: bool = option(False, "a learnable per-head factor λ_h = exp(θ_h) on the feature-map part "
+                                     "(LoLCATs; needs a window)")
+    sinks: int = option(0, "S > 0 (needs a window): the first S real tokens join the softmax part (StreamingLLM)")
+    softmax_heads: list[int] = option(default_factory=list, help="query heads of each layer kept as exact softmax "
+                                                                 "attention")
 
     def validate(self) -> None:
         positive("eps", self.eps, allow_none=False)

@@ -7,12 +7,14 @@ import math
 
 import torch
 
+from ..base import option
 from .base import LinearKernel, LinearOptions
 
 
 @dataclasses.dataclass
 class CosformerOptions(LinearOptions):
-    horizon: int | None = None  # M; None = the model's max_position_embeddings
+    horizon: int | None = option(None, "M of the re-weighting cos(π/2 (i - j)/M); None = the model's "
+                                         "max_position_embeddings (keep contexts below M)")
 
     def validate(self) -> None:
         super().validate()

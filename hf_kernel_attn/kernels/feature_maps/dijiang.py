@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..base import LayerShape, accum, one_of
+from ..base import LayerShape, accum, one_of, option
 from ..linear.gated import MAX_CHUNK_LOG_RANGE
 from .base import LinearKernel, LinearOptions, layer_generator
 
@@ -18,8 +18,8 @@ MAX_DECAY_CHUNK = int(MAX_CHUNK_LOG_RANGE / -math.log(1 - 1 / 32))
 
 @dataclasses.dataclass
 class DijiangOptions(LinearOptions):
-    seed: int = 0
-    decay: bool = True
+    seed: int = option(0, "seed of the fixed per-layer frequency weights w (drawn with the layer index)")
+    decay: bool = option(True, "scores decay as γ_h^(i-j), one fixed γ per KV head; False = no decay")
 
     def validate(self) -> None:
         super().validate()

@@ -15,14 +15,17 @@ from typing import ClassVar
 
 import torch
 
+from ..base import option
 from ..linear.gated import GATED_CHUNK, MAX_CHUNK_LOG_RANGE, MIN_LOG_GATE
 from .base import LinearKernel, LinearOptions
 
 
 @dataclasses.dataclass
 class GatedOptions(LinearOptions):
-    chunk_size: int = GATED_CHUNK
-    rope_pairs: str = "half"  # RoPE's rotation pairs: (i, i + D/2) ("half", transformers' rotate_half) or (2i, 2i+1)
+    chunk_size: int = option(GATED_CHUNK, "positions per chunk of the gated scan (at most 64: the in-chunk "
+                                          "decay factors stay finite in fp32)")
+    rope_pairs: str = option("half", "RoPE's rotation pairs: half = (i, i + D/2) (transformers' rotate_half), "
+                                     "interleaved = (2i, 2i+1)")
 
     def validate(self) -> None:
         super().validate()

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from ..base import LayerShape, accum
+from ..base import LayerShape, accum, option
 from ..linear.gated import GATED_CHUNK
 from .gated import GatedKernel, GatedOptions, pair_norms, rope_halves, softmax_
 from .hedgehog import HedgehogKernel, HedgehogOptions
@@ -16,9 +16,10 @@ from .hedgehog import HedgehogKernel, HedgehogOptions
 
 @dataclasses.dataclass
 class GlaOptions(HedgehogOptions, GatedOptions):
-    gate_rank: int = 16
-    gate_temperature: float = 16.0  # τ: log α = log σ(·) / τ (GLA's normaliser)
-    chunk_size: int = GATED_CHUNK
+    gate_rank: int = option(16, "rank r of the learnable low-rank gate projection W₁W₂")
+    gate_temperature: float = option(16.0, "τ: log α = log σ(·) / τ (GLA's normaliser)")
+    chunk_size: int = option(GATED_CHUNK, "positions per chunk of the gated scan (at most 64: the in-chunk "
+                                          "decay factors stay finite in fp32)")
 
     def validate(self) -> None:
         super().validate()

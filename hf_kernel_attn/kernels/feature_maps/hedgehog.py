@@ -9,14 +9,15 @@ import math
 import torch
 from torch import nn
 
-from ..base import LayerShape, accum
+from ..base import LayerShape, accum, option
 from .base import LinearKernel, LinearOptions
 
 
 @dataclasses.dataclass
 class HedgehogOptions(LinearOptions):
-    feature_dim: int | None = None  # per sign; None = head_dim (identity init)
-    eps: float = 1e-12
+    feature_dim: int | None = option(None, "features per sign (the map has twice as many); None = head_dim "
+                                           "(identity init)")
+    eps: float = option(1e-12, "floor of the normaliser φ(q_i)·Σ_j φ(k_j)")
 
     def validate(self) -> None:
         super().validate()

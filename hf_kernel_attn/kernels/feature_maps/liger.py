@@ -8,12 +8,13 @@ import math
 import torch
 from torch import nn
 
+from ..base import option
 from .gated import GatedKernel, GatedOptions, pair_norms, rope_halves, softmax_
 
 
 @dataclasses.dataclass
 class LigerOptions(GatedOptions):
-    gate_bias: float = 3.0  # α = σ(gate_bias + s^1/2 ρ): at least σ(3) ≈ 0.95, a memory of ≳ 20 tokens
+    gate_bias: float = option(3.0, "α = σ(gate_bias + s^1/2 ρ): at least σ(3) ≈ 0.95, a memory of ≳ 20 tokens")
 
     def validate(self) -> None:
         super().validate()

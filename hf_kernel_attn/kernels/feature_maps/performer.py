@@ -9,17 +9,17 @@ import math
 import torch
 from torch import nn
 
-from ..base import LayerShape, accum, positive
+from ..base import LayerShape, accum, option, positive
 from .base import LinearKernel, LinearOptions, layer_generator
 
 
 @dataclasses.dataclass
 class PerformerOptions(LinearOptions):
-    num_features: int | None = None  # m; None = floor(D ln D)
-    feature_eps: float = 1e-4
-    seed: int = 0
-    redraw_interval: int | None = None
-    learnable: bool = False  # ω becomes a parameter (trained by attention transfer)
+    num_features: int | None = option(None, "m random features; None = ⌊D ln D⌋")
+    feature_eps: float = option(1e-4, "ε added to every feature (keeps the normaliser away from 0)")
+    seed: int = option(0, "seed of the random directions ω (drawn with the layer index)")
+    redraw_interval: int | None = option(None, "in training, redraw ω every this many calls; None = never")
+    learnable: bool = option(False, "ω becomes a parameter (trained by attention transfer)")
 
     def validate(self) -> None:
         super().validate()

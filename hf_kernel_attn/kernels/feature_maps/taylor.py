@@ -11,7 +11,7 @@ import math
 import torch
 
 from .. import linear
-from ..base import accum
+from ..base import accum, option
 from .base import LinearKernel, LinearOptions
 
 
@@ -32,7 +32,8 @@ def _upper_triangle(d: int, device: torch.device) -> tuple[torch.Tensor, torch.T
 
 @dataclasses.dataclass
 class TaylorOptions(LinearOptions):
-    quadratic_below: int | None = None  # no grad: quadratic form up to this N (both modes); None = by matmul cost
+    quadratic_below: int | None = option(None, "without grad, the quadratic N×N form up to this N (both modes); "
+                                               "None = whichever costs fewer multiply-adds")
 
     def validate(self) -> None:
         super().validate()

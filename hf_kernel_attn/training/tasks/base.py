@@ -35,6 +35,9 @@ class TrainingTask:
     hub_task: ClassVar[str] = "feature-extraction"  # the model card's task type
     pipeline_tag: ClassVar[str | None] = None  # the model card's pipeline tag
     held_out_name: ClassVar[str] = "held-out training rows"  # the model card's name for the validation data
+    # submodules the loss never reads (e.g. BERT's pooler under mean pooling): they stay frozen in every stage, so
+    # that DistributedDataParallel does not wait for gradients that never come
+    unused_modules: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer

@@ -22,6 +22,7 @@ class SentenceEmbeddingTask(TrainingTask):
     auto_class = "AutoModel"
     hub_task = "sentence-similarity"
     extra_keys = ("teacher_index",)
+    unused_modules = ("pooler",)  # the loss mean-pools last_hidden_state
 
     def load_data(self) -> tuple[Any, Any]:
         return sentences(self.trainer.config)
