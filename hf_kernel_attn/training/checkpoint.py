@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -57,11 +58,14 @@ def _fsync_dir(path: Path) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    """The RNG states as tensors and plain Python values only, so that ``rng.pt`` loads with
+    ``torch.load(weights_only=True)`` (no pickled objects: a tampered checkpoint cannot run code)."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     try:
         import numpy as np
 
-        state["numpy"] = np.random.get_state()
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached))
     except ImportError:
         pass
     return state
@@ -69,11 +73,13 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
     if "numpy" in state:
         import numpy as np
 
-        np.random.set_state(state["numpy"])
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, np.asarray(keys, dtype=np.int64).astype(np.uint32), pos, has_gauss, cached))
 
 
 def save_checkpoint(output_dir: Path, step: int, tensors: dict[str, Any], state: dict[str, Any]) -> Path:
@@ -157,10 +163,12 @@ def read_state(path: Path) -> dict[str, Any]:
 
 
 def load_file(path: Path, name: str) -> Any:
-    """One file of a checkpoint; a missing or unreadable one raises a ValueError naming it."""
+    """One file of a checkpoint, unpickled with ``weights_only=True`` (tensors and plain Python values only: a
+    file that holds any other object is refused, never run); a missing or unreadable one raises a ValueError
+    naming it."""
     try:
-        return torch.load(path / name, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        return torch.load(path / name, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
         raise ValueError(f"checkpoint file {str(path / name)!r} cannot be read ({type(exc).__name__}: {exc}); "
                          f"delete {path.name} to resume from the checkpoint before it") from exc
 
