@@ -81,6 +81,26 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (argparse names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _json_layers(text: str) -> object:
+    """An argparse type for --layers: JSON, a layer list or {index: kernel}."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): give a layer list like [0, 1] or a mapping like "
+                                         '\'{"0": "softmax", "5": "hedgehog"}\'') from None
+
+
 def _percent(text: str) -> float | int:
     """A --depths value: an int when it is whole (records then read ``"depth": 50``), else a float."""
     value = float(text)
@@ -211,7 +231,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    layers = json.loads(args.layers) if args.layers else None
+    layers = args.layers
     spec = ModelSpec(args.model, args.gguf_file, args.kernel, layers, _parse_params(args.param))
     records = run_eval(spec, args.tasks, data_dir=args.data_dir, split=args.split, limit=args.limit,
                        batch_size=args.batch_size, context=args.context, stride=args.stride, output=args.output,
@@ -368,12 +388,12 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--kernels", nargs="+", default=["elu", "relu", "cosformer", "performer", "dijiang", "hedgehog",
                                                       "taylor"],
                      help="kernel names, or name:key=value,... with options (e.g. softmax:window=64,sinks=4)")
-    dec.add_argument("--contexts", nargs="+", type=int, default=[256, 1024, 2048, 4096, 8192])
-    dec.add_argument("--steps", type=int, default=8, help="timed decode steps per point (median)")
+    dec.add_argument("--contexts", nargs="+", type=_positive_int, default=[256, 1024, 2048, 4096, 8192])
+    dec.add_argument("--steps", type=_positive_int, default=8, help="timed decode steps per point (median)")
     dec.add_argument("--synthetic-cache", action="store_true",
                      help="fill the cache with random K/V or states of each context length instead of prefilling "
                           "(decode cost depends only on the sizes; makes 32k+ contexts cheap to time)")
-    dec.add_argument("--threads", type=int, default=None)
+    dec.add_argument("--threads", type=_positive_int, default=None)
     dec.add_argument("--output", default=None)
     dec.set_defaults(func=_cmd_decode_bench)
     ppl = sub.add_parser("perplexity", help="perplexity of a causal LM under several kernels (no training)")
@@ -384,9 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "with (e.g. a converted model from `finetune`); run 'saved' first")
     ppl.add_argument("--param", action="append", help="kernel option KEY=VALUE (JSON value), repeatable")
     ppl.add_argument("--data-file", required=True, help="a plain-text file, e.g. WikiText-2 wiki.valid.raw")
-    ppl.add_argument("--block-size", type=int, default=256)
-    ppl.add_argument("--max-tokens", type=int, default=4096)
-    ppl.add_argument("--threads", type=int, default=None)
+    ppl.add_argument("--block-size", type=_positive_int, default=256)
+    ppl.add_argument("--max-tokens", type=_positive_int, default=4096)
+    ppl.add_argument("--threads", type=_positive_int, default=None)
     ppl.add_argument("--output", default=None, help="write the results as JSON here")
     ppl.set_defaults(func=_cmd_perplexity)
     fin = sub.add_parser("finetune", help="convert a model: attention transfer, then LoRA / full fine-tuning "
@@ -401,7 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", required=True, help=MODEL_HELP)
     ev.add_argument("--gguf-file", default=None, help=GGUF_HELP)
     ev.add_argument("--kernel", default=None, help="patch this kernel in (default: the model's saved kernel)")
-    ev.add_argument("--layers", default=None, help="JSON: layer list or {index: kernel} (needs --kernel)")
+    ev.add_argument("--layers", default=None, type=_json_layers,
+                    help="JSON: layer list or {index: kernel} (needs --kernel)")
     ev.add_argument("--param", action="append", help="kernel option KEY=VALUE (JSON value), repeatable")
     ev.add_argument("--tasks", nargs="+", required=True,
                     help="wikitext2 ptb tinyshakespeare | lambada_openai arc_easy arc_challenge piqa boolq copa "
@@ -409,19 +430,20 @@ def build_parser() -> argparse.ArgumentParser:
                          "passkey niah kv_recall position_loss (long context)")
     ev.add_argument("--data-dir", default=None, help="local data laid out as in EVAL_SPLITS.md (default: the hub)")
     ev.add_argument("--split", default="validation", choices=["validation", "test"])
-    ev.add_argument("--limit", type=int, default=None, help="first N examples (perplexity: first N windows)")
-    ev.add_argument("--batch-size", type=int, default=1)
-    ev.add_argument("--context", type=int, default=1024, help="perplexity window length in tokens")
-    ev.add_argument("--stride", type=int, default=None, help="perplexity window stride (default: --context)")
-    ev.add_argument("--lengths", nargs="+", type=int, default=list(DEFAULT_LENGTHS),
+    ev.add_argument("--limit", type=_positive_int, default=None, help="first N examples (perplexity: first N windows)")
+    ev.add_argument("--batch-size", type=_positive_int, default=1)
+    ev.add_argument("--context", type=_positive_int, default=1024, help="perplexity window length in tokens")
+    ev.add_argument("--stride", type=_positive_int, default=None, help="perplexity window stride (default: --context)")
+    ev.add_argument("--lengths", nargs="+", type=_positive_int, default=list(DEFAULT_LENGTHS),
                     help="long-context tasks: prompt lengths in tokens (position_loss: the bucket edges)")
     ev.add_argument("--depths", nargs="+", type=_percent, default=list(DEFAULT_DEPTHS),
                     help="long-context tasks: needle depths, percent of the context before the needle")
-    ev.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="long-context tasks: prompts per cell")
+    ev.add_argument("--samples", type=_positive_int, default=DEFAULT_SAMPLES,
+                    help="long-context tasks: prompts per cell")
     ev.add_argument("--seed", type=int, default=0, help="long-context tasks: the seed of keys, needles and offsets")
     ev.add_argument("--plot-dir", default=None,
                     help="long-context tasks: write the accuracy heat maps and loss-vs-position curves here")
-    ev.add_argument("--threads", type=int, default=None)
+    ev.add_argument("--threads", type=_positive_int, default=None)
     ev.add_argument("--output", default=None, help="append one JSON line per result here")
     ev.add_argument("--update-card", action="store_true",
                     help="add the results to the model-index of the model folder's README.md (its model card)")
@@ -432,9 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a saved (converted) hybrid model: folder, hub id or pkg:PACKAGE[/SUB]")
     dg.add_argument("--gguf-file", default=None, help=GGUF_HELP)
     dg.add_argument("--data-file", required=True, help="real text, e.g. WikiText-2 wiki.valid.raw")
-    dg.add_argument("--tokens", type=int, default=2048, help="tokens per block")
-    dg.add_argument("--blocks", type=int, default=2, help="blocks of text (the first ones of the file)")
-    dg.add_argument("--threads", type=int, default=None)
+    dg.add_argument("--tokens", type=_positive_int, default=2048, help="tokens per block")
+    dg.add_argument("--blocks", type=_positive_int, default=2, help="blocks of text (the first ones of the file)")
+    dg.add_argument("--threads", type=_positive_int, default=None)
     dg.add_argument("--output", default=None, help="write the report as JSON here")
     dg.set_defaults(func=_cmd_diagnose)
     lb = sub.add_parser("leaderboard", help="models x kernels x tasks sweep -> leaderboard.md/.csv and plots")
@@ -442,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--data-dir", default=None, help="local data (default: the config's, else ../shared/data)")
     lb.add_argument("--output-dir", default=None, help="where results.jsonl and the leaderboard go")
     lb.add_argument("--retry-errors", action="store_true", help="rerun cells that failed before")
-    lb.add_argument("--jobs", type=int, default=None,
+    lb.add_argument("--jobs", type=_positive_int, default=None,
                     help="processes (default: the config's jobs, else 1); >= 2 evaluates the (model, kernel) rows, "
                          "conversions first, in that many processes, each on its share of the cores")
     lb.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -461,8 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a converted model of KERNEL (e.g. gaussian=outputs/smollm2-gaussian/final), repeatable")
     pk.add_argument("--data-file", default="../shared/data/wikitext-2-raw/wiki.valid.raw",
                     help="real text for the attention maps")
-    pk.add_argument("--tokens", type=int, default=48, help="tokens of text in the attention maps")
-    pk.add_argument("--threads", type=int, default=1)
+    pk.add_argument("--tokens", type=_positive_int, default=48, help="tokens of text in the attention maps")
+    pk.add_argument("--threads", type=_positive_int, default=1)
     pk.add_argument("--geometry-only", action="store_true", help="only the plots from the formulas")
     pk.add_argument("--kernels", nargs="+", default=None,
                     help="kernels to draw, any registered name (default: the built-in families)")
@@ -475,8 +497,8 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--seed", nargs="+", type=int, required=True, help="training seed(s), 0 <= S < 1000000")
     syn.add_argument("--setting", nargs="+", default=None,
                      help="setting name(s) in configs/synthetic (default: every setting of TASK) or YAML path(s)")
-    syn.add_argument("--steps", type=int, default=None, help="override the setting's training steps")
-    syn.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    syn.add_argument("--steps", type=_positive_int, default=None, help="override the setting's training steps")
+    syn.add_argument("--threads", type=_positive_int, default=1, help="torch threads (default 1)")
     syn.add_argument("--output", default=None,
                      help="results.jsonl to append records to; runs already in it are skipped (resumable)")
     syn.set_defaults(func=_cmd_synthetic)

