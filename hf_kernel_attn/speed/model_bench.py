@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..kernels import KERNELS
+from ..model_paths import load_errors, locate_model
 
 BASELINE = "softmax"
 KINDS = ("causal_lm", "embedding")
@@ -60,7 +61,6 @@ def load_models(
     import transformers
 
     from ..integration.swap import patch
-    from ..model_paths import load_errors, locate_model
 
     unknown = [k for k in kernels if k not in KERNELS]
     if unknown:

