@@ -368,7 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description=__doc__,
         epilog="Every command also takes --import MODULE (repeatable): import a module that registers kernels of "
-               "your own (hf_kernel_attn.register_kernel) before running.")
+               "your own (hf_kernel_attn.register_kernel) before running; a checkpoint's kernel module is never "
+               "imported unless named so. --trust-remote-code lets --import run a module that lies inside a model "
+               "folder (code shipped with a checkpoint); see docs/security.md.")
     sub = parser.add_subparsers(dest="command", required=True)
     ls = sub.add_parser("list", help="list the available kernels; with KERNEL, its options",
                         description="The available kernels: kind, causal/bidirectional support, paper. With KERNEL "
@@ -506,9 +508,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+TRUST_FLAG = "--trust-remote-code"
+
+
 def split_imports(argv: list[str]) -> tuple[list[str], list[str]]:
     """``--import MODULE`` / ``--import=MODULE`` (repeatable, anywhere on the line, every command): the modules,
-    and the arguments without them."""
+    and the arguments without them. ``--trust-remote-code`` stays in the arguments (see :func:`split_trust`)."""
     modules, rest = [], []
     i = 0
     while i < len(argv):
@@ -544,15 +549,22 @@ def _exit_code(exc: BaseException) -> int | None:
     return None
 
 
+def split_trust(argv: list[str]) -> tuple[bool, list[str]]:
+    """``--trust-remote-code`` (anywhere on the line, every command): lets ``--import`` run a module shipped
+    inside a model folder. Returns the flag and the other arguments."""
+    return TRUST_FLAG in argv, [a for a in argv if a != TRUST_FLAG]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     modules, argv = split_imports(argv)
+    trusted, argv = split_trust(argv)
     if modules:
         import hf_kernel_attn  # noqa: F401  (registers the built-in kernels first)
         from hf_kernel_attn.kernels import import_modules
 
         try:
-            import_modules(modules)
+            import_modules(modules, trust_remote_code=trusted)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -11,9 +11,11 @@ or to ``{"kernel": name, "params": {...}}``; unlisted layers run ``kernel`` with
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any
 
-from .kernels import KERNELS, defining_module, import_modules, validate_params
+from .kernels import KERNELS, defining_module, validate_params
+from .kernels.registry import KernelModuleError
 
 CONFIG_KEY = "kernel_attention"
 FORMAT_VERSION = 1
@@ -123,14 +125,10 @@ class KernelAttentionConfig:
             raise ValueError(f"{where} has format version {version}, written by a newer hf_kernel_attn; this one "
                              f"reads versions up to {FORMAT_VERSION} (upgrade hf_kernel_attn)")
         modules = data.get("modules")
-        if modules is not None:
-            if not isinstance(modules, dict) or not all(isinstance(v, str) for v in modules.values()):
-                raise ValueError(f"{where}['modules'] must map kernel names to module names, got {modules!r}")
-            missing = [name for name in modules if name not in KERNELS]
-            try:
-                import_modules(sorted({modules[name] for name in missing}), where=f"{where}['modules']")
-            except ValueError as exc:
-                raise ValueError(f"{exc}; it defines kernel(s) {missing} of this checkpoint") from None
+        if modules is not None and (not isinstance(modules, dict)
+                                    or not all(isinstance(k, str) and isinstance(v, str) for k, v in modules.items())):
+            raise ValueError(f"{where}['modules'] must map kernel names to module names, got {modules!r}")
+        _check_registered(data, modules or {}, where)
         kernel = data["kernel"]
         if not isinstance(kernel, str) or kernel not in KERNELS:
             raise ValueError(f"{where}['kernel']: unknown kernel {kernel!r}; available kernels: {sorted(KERNELS)}")
@@ -152,6 +150,40 @@ class KernelAttentionConfig:
 
 
 _DICT_KEYS = ("kernel", "params", "layers", "version", "auto", "modules")
+
+
+def _named_kernels(data: dict[str, Any]) -> list[str]:
+    """The kernel names a saved ``kernel_attention`` dict uses (the top kernel and every layer's)."""
+    names = [data.get("kernel")]
+    layers = data.get("layers")
+    for choice in (layers.values() if isinstance(layers, dict) else ()):
+        names.append(choice.get("kernel") if isinstance(choice, dict) else choice)
+    return [n for n in names if isinstance(n, str)]
+
+
+def _check_registered(data: dict[str, Any], modules: dict[str, str], where: str) -> None:
+    """A kernel of the checkpoint that is not registered, but whose module the checkpoint names, raises a
+    :class:`KernelModuleError` saying how to allow that module: reading a config never imports anything, since
+    a module named by a downloaded file would run without the user's consent."""
+    missing = sorted({n for n in _named_kernels(data) if n not in KERNELS and n in modules})
+    if not missing:
+        return
+    stale = sorted(n for n in missing if modules[n] in sys.modules)
+    if stale:
+        raise KernelModuleError(
+            f"{where}: kernel(s) {stale} of this checkpoint are not registered, though the module(s) the checkpoint "
+            f"names for them, {sorted({modules[n] for n in stale})}, are imported: the module does not define the "
+            f"kernel (registered kernels: {sorted(KERNELS)}); import the module that does")
+    wanted = sorted({modules[n] for n in missing})
+    shown = ", ".join(f"{n!r} (module {modules[n]!r})" for n in missing)
+    first = wanted[0]
+    raise KernelModuleError(
+        f"{where}: this checkpoint's kernel {shown} is not registered, and hf_kernel_attn never imports a module "
+        f"because a checkpoint names it (that would run code from a downloaded file without your consent). "
+        f"If you trust {'it' if len(wanted) == 1 else 'them'}, import {wanted} first: `import {first}` in "
+        f"Python, hf_kernel_attn.from_pretrained(..., kernel_modules={wanted!r}), `--import {first}` on the "
+        f"command line, or `imports: {wanted}` in a training or leaderboard config. A module shipped inside the "
+        "checkpoint folder also needs trust_remote_code=True (--trust-remote-code); see docs/security.md")
 
 
 def _layer_index(idx: Any, num_layers: int | None) -> int:

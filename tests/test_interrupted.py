@@ -29,7 +29,7 @@ from .fault_injection import kill_at
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SHAKESPEARE = DATA / "tinyshakespeare" / "train.txt"
-FILES = ("model.pt", "optimizer.pt", "scheduler.pt", "rng.pt", ckpt.STATE_FILE)
+FILES = ("model.pt", "optimizer.pt", "scheduler.pt", "rng.pt", ckpt.STATE_FILE, ckpt.MANIFEST)
 TRANSFER, LORA, SAVE_EVERY = 3, 3, 2
 
 
@@ -107,7 +107,7 @@ def assert_checkpoints_complete(out: Path) -> list[int]:
     steps = []
     for step, path in ckpt.checkpoints(out):
         assert sorted(p.name for p in path.iterdir()) == sorted(FILES), path
-        for name in FILES[:-1]:
+        for name in FILES[:-2]:
             ckpt.load_file(path, name)
         assert ckpt.read_state(path)["global_step"] == step
         steps.append(step)
@@ -132,14 +132,22 @@ def crash_sites() -> dict[str, list[str]]:
     return {
         "step": [f"{kind}-{s}" for s in range(1, TRANSFER + LORA + 1) for kind in ("step", "log")],
         "checkpoint": [f"save-{s}-{name}" for s in saves for name in FILES] + [f"rename-{s}" for s in saves],
-        "after": [f"prune-{s}" for s in saves] + ["final"],
+        "after": [f"prune-{s}" for s in saves] + [f"pruned-{k}" for k in PRUNED_AT]
+                 + [f"delete-pruned-{k}" for k in PRUNED_AT] + ["save-final", "final"],
     }
+
+
+# checkpoint K -> the step whose save prunes it (keep_checkpoints: 2; saves at 2, 3, 4, 6)
+PRUNED_AT = {2: 4, 3: 6}
 
 
 def _order(site: str) -> tuple[int, int]:
     """Run order of a crash site: (step, position within the step)."""
-    if site == "final":
-        return (10**6, 0)
+    if site in ("save-final", "final"):
+        return (10**6, site == "final")
+    if site.startswith(("pruned-", "delete-pruned-")):  # checkpoint K is pruned when K + 2 * SAVE_EVERY is saved
+        step = PRUNED_AT[int(site.rsplit("-", 1)[1])]
+        return (step, 50 + site.startswith("delete"))
     kind, step, *rest = site.split("-", 2)
     within = {"step": 0, "log": 1, "save": 2, "rename": 3, "prune": 4}[kind]
     return (int(step), within * 10 + (FILES.index(rest[0]) if rest else 0))
@@ -159,14 +167,14 @@ def test_sigkill_at_seeded_random_points_then_resume(reference, tmp_path, seed):
         status = run_forked(lambda: finetune(cfg, resume=i > 0), crash=site)  # noqa: B023 (runs now)
         assert status == -signal.SIGKILL, f"the run should die at {site!r} (status {status})"
         steps = assert_checkpoints_complete(out)
-        assert not (out / "final").exists() or site == "final"
+        assert not (out / "final").exists()  # final/ only ever appears whole, after the last point
         if site.startswith("log-"):  # died with half a line written
             assert not (out / "training_log.jsonl").read_text().endswith("\n")
-        if site.startswith("save-") or site.startswith("rename-"):
+        if (site.startswith("save-") or site.startswith("rename-")) and site != "save-final":
             assert int(site.split("-")[1]) not in steps  # the interrupted checkpoint is never listed
             assert list(out.glob(".tmp-checkpoint-*"))
     assert run_forked(lambda: finetune(cfg, resume=True)) == 0
-    assert not list(out.glob(".tmp-*")) and not list(out.glob(".old-*"))
+    assert not list(out.glob(".tmp-*")) and not list(out.glob(".old-*")) and not list(out.glob(".pruned-*"))
     assert_same_run(out, ref)
 
 
@@ -200,6 +208,113 @@ def test_killed_between_the_two_renames_keeps_the_checkpoint(tmp_path):
     assert not list(out.glob(".*"))
 
 
+def kill_at_nth(point: str, n: int):
+    """SIGKILL this process the ``n``-th time it passes ``point`` (e.g. after the n-th deleted file)."""
+    seen = [0]
+
+    def listener(name: str, **info) -> None:
+        if name == point:
+            seen[0] += 1
+            if seen[0] == n:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return listener
+
+
+def _run_killed(fn, point: str, n: int) -> int:
+    def child():
+        events.listen(kill_at_nth(point, n))
+        fn()
+
+    return run_forked(child)
+
+
+def _folder(path: Path, tag: str) -> None:
+    """A model-like folder of several files whose contents say which version it is."""
+    path.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md"):
+        (path / name).write_text(f"{tag} {name}\n" * 50)
+
+
+def _version(path: Path) -> str | None:
+    """'old' / 'new' when ``path`` is that complete folder, None when absent; anything else fails."""
+    if not path.exists():
+        return None
+    files = sorted(p.name for p in path.iterdir())
+    assert files == ["README.md", "config.json", "model.safetensors", "tokenizer.json"], files
+    tags = {p.read_text().split(" ", 1)[0] for p in path.iterdir()}
+    assert len(tags) == 1 and all(p.read_text() == f"{next(iter(tags))} {p.name}\n" * 50 for p in path.iterdir())
+    return tags.pop()
+
+
+def test_sigkill_at_every_point_of_replacing_final(tmp_path):
+    """final/ replaced by the trainer's function: killed before the renames, between them, and after each deleted
+    file of the old folder, what carries the name final is always the old or the new complete folder (or, between
+    the renames, nothing); the start of the next run (remove_partial) leaves the old one back or the new one, and
+    no hidden leftovers."""
+    points = [("final-start", 1), ("swap-final", 1)] + [("delete-old-final", n) for n in range(1, 5)]
+    for point, n in points:
+        out = tmp_path / f"{point}-{n}"
+        _folder(out / "final", "old")
+        _folder(out / ".tmp-final", "new")
+
+        def replace(out=out):
+            events.reached("final-start")
+            ckpt.replace_folder(out / ".tmp-final", out / "final", "final")
+
+        assert _run_killed(replace, point, n) == -signal.SIGKILL, point
+        visible = _version(out / "final")
+        assert visible == {"final-start": "old", "swap-final": None}.get(point, "new"), (point, n, visible)
+        ckpt.remove_partial(out)
+        assert _version(out / "final") == ("new" if point == "delete-old-final" else "old")
+        assert [p.name for p in out.iterdir()] == ["final"], (point, n)
+
+
+def test_sigkill_at_every_point_of_pruning(tmp_path):
+    """Checkpoints 1-3 pruned to the newest two: killed before the rename aside and after each deleted file of
+    the pruned folder, every folder named checkpoint-N is complete and loadable; the next run's remove_partial
+    removes the half-deleted one and a second prune finishes the job."""
+    files = {"model.pt": {"w": torch.ones(3)}, "optimizer.pt": {"s": torch.zeros(2)}}
+    for n in range(0, len(files) + 3):  # 0: at the rename aside; then after each file (tensors, state, manifest)
+        out = tmp_path / f"prune-{n}"
+        for step in (1, 2, 3):
+            ckpt.save_checkpoint(out, step, files, {"global_step": step})
+        point, count = ("pruned-1", 1) if n == 0 else ("delete-pruned-1", n)
+        status = _run_killed(lambda out=out: ckpt.prune(out, 2), point, count)
+        assert status == -signal.SIGKILL, (point, count)
+        named = sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-"))
+        assert named == ["checkpoint-2", "checkpoint-3"], named
+        assert assert_checkpoints_listed(out) == [2, 3]
+        ckpt.remove_partial(out)
+        ckpt.prune(out, 2)
+        assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "checkpoint-3"]
+
+
+def assert_checkpoints_listed(out: Path) -> list[int]:
+    """Every folder named checkpoint-N is listed (complete), and every listed one loads."""
+    listed = [s for s, _ in ckpt.checkpoints(out)]
+    named = sorted(int(p.name.split("-")[1]) for p in out.iterdir() if p.name.startswith("checkpoint-"))
+    assert listed == named
+    for _, path in ckpt.checkpoints(out):
+        for name in ("model.pt", "optimizer.pt"):
+            ckpt.load_file(path, name)
+        ckpt.read_state(path)
+    return listed
+
+
+def test_damaged_checkpoint_state_names_the_file(tmp_path, capsys):
+    out = tmp_path / "o"
+    ckpt.save_checkpoint(out, 2, {"model.pt": {"w": torch.ones(2)}}, {"global_step": 2})
+    state = out / "checkpoint-2" / ckpt.STATE_FILE
+    text = state.read_text()
+    state.write_text(text.replace(":", " ", 1))  # same size: the manifest matches, the JSON does not parse
+    assert [s for s, _ in ckpt.checkpoints(out)] == [2]
+    with pytest.raises(ValueError, match=r"trainer_state.json' cannot be read .*delete checkpoint-2 to resume"):
+        ckpt.read_state(out / "checkpoint-2")
+    state.write_text(text[:-5])  # shorter: not listed as complete at all
+    assert ckpt.checkpoints(out) == [] and ckpt.incomplete_checkpoints(out) == [out / "checkpoint-2"]
+
+
 def test_log_with_a_cut_last_line(tmp_path):
     path = tmp_path / "log.jsonl"
     path.write_text('{"step": 1}\n{"step": 2}\n{"st')
@@ -214,53 +329,104 @@ def test_log_with_a_cut_last_line(tmp_path):
 # ----------------------------------------------------------------------------- training: disk full
 
 
-def _enospc_when(predicate):
-    """A torch.save that writes part of the file and then fails with ENOSPC when ``predicate(path)``."""
-    real = torch.save
+FULL_DISK_RUN = """
+import json, os, shutil, subprocess, sys
+from pathlib import Path
+import torch
+from hf_kernel_attn.training import checkpoint as ckpt, events
+from tests.test_interrupted import finetune, train_config
 
-    def save(obj, f, *args, **kwargs):
-        name = getattr(f, "name", str(f))
-        if predicate(str(name)):
-            f.write(b"\x80\x02partial")
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(obj, f, *args, **kwargs)
-
-    return save
+model, out, tmp, keep = (Path(a) for a in sys.argv[1:5])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(out)], check=True)
+torch.set_num_threads(1)
+cfg = train_config(model, out, tmp)
+filler = out / "filler"
 
 
-def test_disk_full_while_saving(reference, tmp_path, monkeypatch):
-    """ENOSPC part-way through checkpoint-4 (in optimizer.pt), then while the final model is written: each
-    fails with CheckpointWriteError naming the cause and the intact checkpoint, removes its partial files,
-    and leaves the run resumable to the uninterrupted result."""
+def fill_at(point, leave):
+    # at `point`, a real file takes all but `leave` bytes of the disk: the next writes meet the kernel's ENOSPC
+    def listener(name, **info):
+        if name == point and not filler.exists():
+            free = shutil.disk_usage(out).free
+            with open(filler, "wb") as f:
+                os.posix_fallocate(f.fileno(), 0, max(0, free - leave))
+    return events.listen(listener)
+
+
+report = []
+for point, leave, resume in [("save-4-optimizer.pt", 4096, False), ("save-final", 300_000, True),
+                             ("save-final", None, True), (None, None, True)]:
+    if point == "save-final" and leave is None:  # room for the weights, not for the tokenizer
+        leave = (out / "checkpoint-6" / "model.pt").stat().st_size + 64 * 1024
+    stop = fill_at(point, leave) if point else (lambda: None)
+    try:
+        finetune(cfg, resume=resume)
+        outcome = ["finished", ""]
+    except ckpt.CheckpointWriteError as exc:
+        outcome = ["CheckpointWriteError", str(exc), exc.errno, type(exc.__cause__).__name__]
+    except BaseException as exc:
+        outcome = [type(exc).__name__, str(exc)]
+    stop()
+    report.append({"point": point, "outcome": outcome,
+                   "hidden": sorted(p.name for p in out.iterdir() if p.name.startswith(".")),
+                   "checkpoints": [s for s, _ in ckpt.checkpoints(out)], "final": (out / "final").exists()})
+    if filler.exists():
+        filler.unlink()  # the user frees space
+shutil.copytree(out, keep, ignore=shutil.ignore_patterns("filler"))
+print("REPORT", json.dumps(report))
+"""
+
+
+def _namespace_root() -> list[str] | None:
+    """A command prefix that runs a process as root of its own mount namespace (so it can mount a tmpfs), or
+    None where this machine does not allow it."""
+    import shutil
+    import subprocess
+
+    for prefix in (["unshare", "--mount", "--map-root-user"], ["unshare", "--mount"]):
+        if shutil.which(prefix[0]) is None:
+            return None
+        probe = subprocess.run([*prefix, "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt && umount /mnt"],
+                               capture_output=True)
+        if probe.returncode == 0:
+            return prefix
+    return None
+
+
+def test_real_full_disk_while_saving(reference, tmp_path):
+    """The output folder is a real tmpfs (in a private mount namespace). A file that takes the disk's free space
+    at a named point makes the kernel refuse the writes that follow (ENOSPC — torch reports it as a
+    RuntimeError, safetensors and tokenizers in their own types): in checkpoint-4's optimizer.pt, in the final
+    model's weights, in its tokenizer. Each fails with CheckpointWriteError naming the folder, the cause and the
+    free space, leaves no temporary folder and the newest checkpoint intact; after each the space is freed and
+    the run resumed; the last resume equals the uninterrupted run."""
+    import subprocess
+
+    prefix = _namespace_root()
+    if prefix is None:
+        pytest.skip("this machine cannot mount a tmpfs in a private mount namespace (unshare --mount)")
     model, ref = reference
-    out = tmp_path / "full"
-    cfg = train_config(model, out, tmp_path)
-    monkeypatch.setattr(torch, "save", _enospc_when(lambda name: ".tmp-checkpoint-4-" in name
-                                                     and name.endswith("optimizer.pt")))
-    with pytest.raises(ckpt.CheckpointWriteError) as info:
-        finetune(cfg)
-    message = str(info.value)
-    for fragment in ("checkpoint-4", str(out), "No space left on device (ENOSPC)", "checkpoint-3, is intact",
-                     "free disk space and rerun with --resume"):
-        assert fragment in message, message
-    assert info.value.errno == errno.ENOSPC and isinstance(info.value, OSError)
-    assert not list(out.glob(".tmp-*"))
-    assert assert_checkpoints_complete(out) == [2, 3]
-    monkeypatch.undo()
-
-    import transformers.modeling_utils as mu
-
-    def full_disk(*args, **kwargs):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(mu, "safe_save_file", full_disk)
-    with pytest.raises(ckpt.CheckpointWriteError, match=r"the final model .*ENOSPC.*checkpoint-6, is intact"):
-        finetune(cfg, resume=True)
-    assert not (out / "final").exists() and not list(out.glob(".tmp-*"))
-    assert assert_checkpoints_complete(out) == [4, 6]
-    monkeypatch.undo()
-    finetune(cfg, resume=True)
-    assert_same_run(out, ref)
+    out, keep = tmp_path / "full", tmp_path / "kept"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([*prefix, sys.executable, "-c", FULL_DISK_RUN, str(model), str(out), str(tmp_path),
+                          str(keep)], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.split("REPORT", 1)[1])
+    ckpt4, weights, tokenizer, resumed = report
+    for step, what, intact in [(ckpt4, "checkpoint-4", "checkpoint-3"), (weights, "the final model", "checkpoint-6"),
+                               (tokenizer, "the final model", "checkpoint-6")]:
+        kind, message, code, raised = step["outcome"]
+        assert kind == "CheckpointWriteError" and code == errno.ENOSPC, step
+        for fragment in (f"could not write {what}", str(out), "ENOSPC", "MiB free on that disk",
+                         f"{intact}, is intact", "free disk space and rerun with --resume"):
+            assert fragment in message, message
+        assert step["hidden"] == [] and not step["final"], step
+    # what the libraries really raise on ENOSPC: a Python file write, safetensors' and tokenizers' own types
+    assert [s["outcome"][3] for s in (ckpt4, weights, tokenizer)] == ["OSError", "SafetensorError", "Exception"]
+    assert ckpt4["checkpoints"] == [2, 3] and weights["checkpoints"] == tokenizer["checkpoints"] == [4, 6]
+    assert resumed["outcome"] == ["finished", ""] and resumed["final"] and resumed["hidden"] == []
+    assert_same_run(keep, ref)
 
 
 def test_cli_reports_a_full_disk_without_a_traceback(tmp_path, monkeypatch, capsys):

@@ -188,7 +188,8 @@ def _register_name(name: str) -> None:
 def register_kernel(cls: type[Kernel]) -> type[Kernel]:
     """Add a kernel class to hf_kernel_attn (usable as a class decorator): its ``name`` then works everywhere a
     built-in kernel's does (``attn_implementation=``, ``patch``, ``from_pretrained``, training and evaluation
-    configs, benchmarks). A checkpoint saved with it records ``cls.__module__`` and imports it when loaded."""
+    configs, benchmarks). A checkpoint saved with it records ``cls.__module__``; loading it never imports that
+    module on the checkpoint's word: the user imports it (``--import``, ``kernel_modules=``; docs/security.md)."""
     add_kernel(cls)
     _register_name(cls.name)
     return cls

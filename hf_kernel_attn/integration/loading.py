@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import CONFIG_KEY, KernelAttentionConfig
-from ..kernels import kernel_class
+from ..kernels import import_modules, kernel_class
 from ..model_paths import PKG_PREFIX, resolve_package_path
+from .remote_code import run_remote_code
 
 # transformers from_pretrained kwargs that look like kernel options but are not typos
 _HF_KWARGS = {"seed", "dtype", "device_map", "revision", "subfolder", "config", "state_dict", "variant"}
@@ -61,6 +62,7 @@ def from_pretrained(
     model_class: Any = None,
     kernel_params: dict[str, Any] | None = None,
     calibration: Any = None,
+    kernel_modules: list[str] | tuple[str, ...] = (),
     **kwargs: Any,
 ):
     """Load a transformers model with ``kernel`` in place of softmax attention. ``name_or_path``: a folder, a hub
@@ -70,15 +72,26 @@ def from_pretrained(
     (``gguf_file=``, ``dtype=``, ``device_map=``, ...). The auto class comes from the checkpoint's
     ``architectures`` unless ``model_class`` (a class or its name) is given. Without ``kernel`` a saved
     kernel model is loaded as it was saved (``kernel_attention`` in its config). ``layers="auto:K"`` with
-    ``calibration`` (token ids or a tokenizer's output) keeps the K layers furthest from softmax as softmax."""
+    ``calibration`` (token ids or a tokenizer's output) keeps the K layers furthest from softmax as softmax.
+
+    A checkpoint saved with a kernel of your own names the module that defines it (``config.kernel_attention``'s
+    ``modules``); loading never imports it on the checkpoint's word. ``kernel_modules`` names the modules to
+    import first (your consent); one whose file lies inside a model folder (shipped with a checkpoint) also
+    needs ``trust_remote_code=True``. ``trust_remote_code=True`` runs the checkpoint's own
+    ``hf_kernel_attn_model.py``, as transformers' auto classes do, which imports the kernel modules the
+    checkpoint ships. See docs/security.md."""
     from transformers import AutoConfig
 
     from .layer_choice import auto_patch, parse_auto
 
     name_or_path = local_model_path(name_or_path)
+    trusted = bool(kwargs.get("trust_remote_code"))
+    import_modules(list(kernel_modules), where="kernel_modules", trust_remote_code=trusted)
     config = kwargs.pop("config", None)
     if config is None:
         config = AutoConfig.from_pretrained(name_or_path, **{k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
+    if trusted:
+        run_remote_code(config, name_or_path, {k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
     if kernel is None:
         if kernel_params or layers is not None:
             raise ValueError("layers/kernel parameters given without kernel=...; name the kernel to use")

@@ -17,7 +17,6 @@ import inspect
 import json
 import os
 import sys
-import tempfile
 import warnings
 from typing import Any
 
@@ -25,6 +24,7 @@ import torch
 from torch import nn
 
 from ..config import CONFIG_KEY, KernelAttentionConfig, LayerChoice
+from ..fileio import write_json_atomic
 from ..kernels import KERNELS, Kernel, LayerShape, build_kernel, kernel_class
 from . import positions
 from .attention import KERNEL_ATTR, SAVED_NAME
@@ -301,11 +301,7 @@ def _mark_saved_config(save_directory: str | os.PathLike) -> None:
     with open(path) as f:
         data = json.load(f)
     data["attn_implementation"] = SAVED_NAME
-    fd, tmp = tempfile.mkstemp(dir=save_directory, suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, data)
 
 
 _HOOKS_INSTALLED = False

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.machinery
+import json
 import re
+import sys
+from pathlib import Path
 
 from .base import Kernel, KernelOptions
 
 KERNELS: dict[str, type[Kernel]] = {}
 BUILTIN_PACKAGE = "hf_kernel_attn."
-KINDS = ("softmax-like", "linear", "gated", "nystrom")
+REMOTE_PACKAGE = "transformers_modules."  # where transformers imports a model's own code
+KINDS = ("softmax-like", "linear", "gated", "delta", "nystrom")
 _NAME = re.compile(r"^[a-z][a-z0-9_\-]*$")
 
 
@@ -56,19 +61,79 @@ def is_builtin(name: str) -> bool:
 
 
 def defining_module(name: str) -> str | None:
-    """The module that defines a user kernel (None for the built-in ones): what a checkpoint records."""
-    return None if is_builtin(name) else kernel_class(name).__module__
+    """The module that defines a user kernel (None for the built-in ones): what a checkpoint records. A module
+    that transformers loaded from a checkpoint's own files (``trust_remote_code``; named
+    ``transformers_modules.<folder>.<file>``) is recorded by its file's name, the name it was saved under."""
+    if is_builtin(name):
+        return None
+    module = kernel_class(name).__module__
+    return module.rsplit(".", 1)[-1] if module.startswith(REMOTE_PACKAGE) else module
 
 
-def import_modules(modules: list[str] | tuple[str, ...], where: str = "--import") -> None:
-    """Import each module (which registers its kernels); a ValueError naming the module when one cannot be
-    imported."""
+class KernelModuleError(ValueError):
+    """A kernel's module cannot be imported, or may not be: the message names the kernel, the module and how to
+    allow it."""
+
+
+def _model_folder(directory: Path) -> Path | None:
+    """``directory`` when it holds a transformers model's ``config.json`` (one with ``model_type`` or
+    ``architectures``), else None."""
+    path = directory / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return directory if isinstance(data, dict) and ("model_type" in data or "architectures" in data) else None
+
+
+def model_folder_of(module: str) -> Path | None:
+    """The model folder (a directory holding a model's ``config.json``) that the file of ``module``, or of one
+    of its parent packages, lies in; None when there is none or the module cannot be found. The files are
+    located with :class:`importlib.machinery.PathFinder` without importing anything: no code runs here."""
+    locations: list[str] | None = None
+    parts = module.split(".")
+    for i in range(len(parts)):
+        name = ".".join(parts[: i + 1])
+        loaded = sys.modules.get(name)
+        if loaded is not None:
+            origin = getattr(loaded, "__file__", None)
+            search = list(getattr(loaded, "__path__", []) or [])
+        else:
+            spec = importlib.machinery.PathFinder.find_spec(name, locations)
+            if spec is None:
+                return None
+            origin = spec.origin if spec.has_location else None
+            search = list(spec.submodule_search_locations or [])
+        places = [Path(origin).parent] if origin else [Path(p) for p in search]
+        for place in places:
+            folder = _model_folder(place)
+            if folder is not None:
+                return folder
+        locations = search
+    return None
+
+
+def import_modules(modules: list[str] | tuple[str, ...], where: str = "--import",
+                   trust_remote_code: bool = False) -> None:
+    """Import each module (which registers its kernels); a :class:`KernelModuleError` naming the module when one
+    cannot be imported. A module not yet imported whose file lies in a model folder (code shipped with a
+    checkpoint) is refused unless ``trust_remote_code``, the rule transformers applies to a model's own code."""
     for module in modules:
         if not isinstance(module, str) or not module:
-            raise ValueError(f"{where}: a module name (e.g. my_kernels), got {module!r}")
+            raise KernelModuleError(f"{where}: a module name (e.g. my_kernels), got {module!r}")
+        if module not in sys.modules and not trust_remote_code:
+            folder = model_folder_of(module)
+            if folder is not None:
+                raise KernelModuleError(
+                    f"{where}: module {module!r} is a file inside the model folder {str(folder)!r}: code shipped "
+                    "with a checkpoint runs only with trust_remote_code=True (--trust-remote-code on the command "
+                    "line), as transformers requires for a model's own code; read it first")
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise ValueError(f"{where}: cannot import module {module!r} ({type(exc).__name__}: {exc}); it must be "
-                             "importable from this process (installed, or on PYTHONPATH / the working directory)"
-                             ) from None
+            raise KernelModuleError(
+                f"{where}: cannot import module {module!r} ({type(exc).__name__}: {exc}); it must be importable "
+                "from this process (installed, or on PYTHONPATH / the working directory)") from None

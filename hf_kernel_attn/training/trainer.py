@@ -457,6 +457,10 @@ class Trainer:
         state = {"global_step": 0, "stage": None, "stage_step": 0, "stage_done": False, "position": 0,
                  "tokens": 0, "seconds": 0.0, "cpu_seconds": 0.0, "stage_seconds": 0.0, "world": self.world}
         resume_from = ckpt.latest_checkpoint(self.out) if self.resume else None
+        if self.resume and self.main:
+            for bad in ckpt.incomplete_checkpoints(self.out):
+                print(f"--resume: skipping {bad}: its files do not match its {ckpt.MANIFEST} (damaged, or written "
+                      "before checkpoints had one)", flush=True)
         if self.resume and resume_from is None and self.main:
             print(f"--resume: no complete checkpoint in {self.out}; starting from the beginning", flush=True)
         if resume_from is not None:
@@ -659,19 +663,21 @@ class Trainer:
                 model = copy.deepcopy(model).merge_and_unload()
             tmp = self.out / ".tmp-final"
             shutil.rmtree(tmp, ignore_errors=True)
+            reached("save-final")
             try:
                 model.save_pretrained(tmp, state_dict=full_state)
                 self.tokenizer.save_pretrained(tmp)
                 self.task_impl.save_extras(Path(self.source), tmp)
                 write_card(tmp, self.config, getattr(model.config, "kernel_attention", None), self._final_scores(),
                            state)
-            except OSError as exc:
+            except BaseException as exc:  # torch, safetensors and tokenizers report a full disk in their own types
+                free = ckpt.free_bytes(self.out)
                 shutil.rmtree(tmp, ignore_errors=True)
-                raise ckpt.write_failed("the final model", self.out, exc) from exc
+                if not isinstance(exc, Exception):
+                    raise
+                raise ckpt.write_failed("the final model", self.out, exc, free) from exc
             reached("final")
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+            ckpt.replace_folder(tmp, final, "final")
             print(f"saved the converted model to {final}", flush=True)
             if self.config["push_to_hub"]:
                 repo = self.config["hub_model_id"] or self.out.resolve().name
