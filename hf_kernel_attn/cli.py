@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -562,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     if modules:
         import hf_kernel_attn  # noqa: F401  (registers the built-in kernels first)
         from hf_kernel_attn.kernels import import_modules
+
+        if os.getcwd() not in sys.path:  # --import finds modules in the working directory, as `python -m` does
+            sys.path.append(os.getcwd())
 
         try:
             import_modules(modules, trust_remote_code=trusted)

@@ -175,8 +175,9 @@ def test_cli_refuses_then_takes_consent(layout):
     work, folder, markers, env = layout
     text = work / "text.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 20)
-    base = [sys.executable, "-m", "hf_kernel_attn.cli", "perplexity", "--model", "downloaded_model", "--kernels",
-            "saved", "--data-file", str(text), "--block-size", "32", "--max-tokens", "64"]
+    script = str(Path(sys.executable).parent / "hf-kernel-attn")  # the console script a user runs
+    base = [script, "perplexity", "--model", "downloaded_model", "--kernels", "saved", "--data-file", str(text),
+            "--block-size", "32", "--max-tokens", "64"]
 
     def cli(*extra):
         return subprocess.run([*base, *extra], capture_output=True, text=True, cwd=work, env=env, timeout=300)
