@@ -132,8 +132,9 @@ def measure_decode(name: str, dtype: str, context: int = LONG, steps: int = 4, s
 
 
 def kernel_modes() -> list[tuple[str, bool]]:
-    """(kernel, causal) pairs: every kernel bidirectional, and causal where it supports it."""
-    return [(n, c) for n in sorted(KERNELS) for c in (True, False) if not c or KERNELS[n].supports_causal]
+    """(kernel, causal) pairs: each mode a kernel supports (causal, bidirectional or both)."""
+    return [(n, c) for n in sorted(KERNELS) for c in (True, False)
+            if (KERNELS[n].supports_causal if c else KERNELS[n].supports_bidirectional)]
 
 
 def long_shape(name: str) -> tuple[int, int]:

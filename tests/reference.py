@@ -510,6 +510,17 @@ REFERENCES = {
 }
 
 
+def delta_rule_ref(kern, q, k, v, key_mask=None, causal=True, scaling=None):
+    """DeltaNet / Gated DeltaNet: the token-by-token brute force of tests/test_delta_rule.py (causal only)."""
+    from test_delta_rule import brute_force
+
+    assert causal, f"{kern.name} is causal only"
+    return brute_force(kern, q, k, v, key_mask, scaling)
+
+
+REFERENCES["deltanet"] = REFERENCES["gated_deltanet"] = delta_rule_ref
+
+
 def reference(kern, q, k, v, key_mask=None, causal=True, scaling=None):
     """Dispatch on the kernel's name (and gaussian's augment option)."""
     if kern.name == "gaussian" and kern.options.augment:

@@ -93,6 +93,25 @@ def test_zeroed_branch_equals_window_only_on_smollm2(smollm2, smollm2_tok, fresh
     assert abs(zeroed - full) > 1e-3  # the branch did matter
 
 
+def test_delta_rule_memory_switched_off_equals_window_only_on_smollm2(smollm2, smollm2_tok, fresh):
+    """diagnose on a delta-rule hybrid: the memory has no normaliser share (NaN, shown as "–"), and with its
+    read-out switched off the model equals softmax over the same window (an independent model: re-patched)."""
+    from hf_kernel_attn.evaluation.diagnose import mean_loss
+
+    fresh(smollm2)
+    ids = torch.randint(100, 40000, (1, 96), generator=torch.Generator().manual_seed(1))
+    hf_kernel_attn.patch(smollm2, kernel="deltanet", window=16, layers={0: "softmax"})
+    full = mean_loss(smollm2, ids)
+    shares = normaliser_shares(smollm2, ids)
+    assert sorted(shares) == list(range(1, 30)) and all(math.isnan(s["share_beyond_window"]) for s in shares.values())
+    with linear_branch_off(smollm2):
+        zeroed = mean_loss(smollm2, ids)
+    hf_kernel_attn.integration.branches.to_window_only(smollm2)
+    window_only = mean_loss(smollm2, ids)
+    assert abs(zeroed - window_only) <= 1e-5 * window_only
+    assert abs(zeroed - full) > 1e-3  # the memory did matter
+
+
 def test_diagnose_command(smollm2_dir, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 

@@ -88,6 +88,10 @@ def test_stock_loading_path_runs_every_kernel(family, kernel, tmp_path):
         with pytest.raises(ValueError, match="bidirectional only"):
             tiny(family, attn=kernel)
         return
+    if not is_decoder and not KERNELS[kernel].supports_bidirectional:
+        with pytest.raises(ValueError, match="causal only"):
+            hidden(tiny(family, attn=kernel), torch.randint(0, 97, (2, 9)))
+        return
     model = tiny(family, attn=kernel)  # stock _from_config(attn_implementation=<kernel>)
     assert model.config._attn_implementation == kernel
     assert model.config.kernel_attention["kernel"] == kernel

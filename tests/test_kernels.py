@@ -75,6 +75,13 @@ def make_mask(b, m, causal, pad=3):
     return mask
 
 
+def skip_causal_only(name, causal):
+    """Kernels whose memory is a recurrence over the tokens in order (the delta rule) have no bidirectional form;
+    tests/test_delta_rule.py checks the ValueError they raise."""
+    if not causal and not KERNELS[name].supports_bidirectional:
+        pytest.skip("causal only")
+
+
 def check(kern, q, k, v, key_mask, causal, scaling, atol=ATOL, rtol=RTOL):
     out = kern(q, k, v, key_mask=key_mask, causal=causal, scaling=scaling)
     b, hq, n, _ = q.shape
@@ -96,6 +103,7 @@ def check(kern, q, k, v, key_mask, causal, scaling, atol=ATOL, rtol=RTOL):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("name", ALL)
 def test_matches_reference(name, causal, padded, heads, nm):
+    skip_causal_only(name, causal)
     n, m = nm
     hq, hkv = heads
     if name == "skyformer" and (causal or n != m):
@@ -110,6 +118,7 @@ def test_matches_reference(name, causal, padded, heads, nm):
 @pytest.mark.parametrize("name", ALL)
 def test_default_scaling(name, causal):
     """scaling=None means D^-1/2."""
+    skip_causal_only(name, causal)
     if name == "skyformer" and causal:
         pytest.skip("bidirectional only")
     kern = make_kernel(name, 4, 2)
@@ -173,6 +182,7 @@ def test_cosine_gain_init(params):
 @pytest.mark.parametrize("name", LINEAR)
 def test_linear_long_sequence(name, causal, chunk):
     """N = 150 > chunk size: the chunked scan (and dijiang's two-way scan) across many chunks."""
+    skip_causal_only(name, causal)
     params = {} if chunk is None else {"chunk_size": chunk}
     kern = make_kernel(name, 4, 2, params, max_positions=400)
     q, k, v = make_inputs(2, 4, 2, 150, 150, seed=11)
@@ -184,6 +194,7 @@ def test_linear_long_sequence(name, causal, chunk):
 @pytest.mark.parametrize("name", LINEAR)
 def test_linear_long_prefix(name, causal, chunk):
     """N < M with a prefix longer than a chunk (causal: prefix folded into the state)."""
+    skip_causal_only(name, causal)
     params = {} if chunk is None else {"chunk_size": chunk}
     kern = make_kernel(name, 4, 2, params, max_positions=400)
     q, k, v = make_inputs(2, 4, 2, 20, 150, seed=12)
@@ -262,6 +273,7 @@ def test_skyformer_rejects_cross_attention():
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("name", ALL)
 def test_backward_finite(name, causal):
+    skip_causal_only(name, causal)
     if name == "skyformer" and causal:
         pytest.skip("bidirectional only")
     kern = make_kernel(name, 4, 2)
@@ -281,6 +293,7 @@ def test_backward_finite(name, causal):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("name", ALL)
 def test_bf16_smoke(name, causal):
+    skip_causal_only(name, causal)
     if name == "skyformer" and causal:
         pytest.skip("bidirectional only")
     kern = make_kernel(name, 4, 2)

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import reference as ref  # noqa: E402
 from test_kernels import LINEAR, SCALING, make_inputs, make_kernel, make_mask  # noqa: E402
 
-from hf_kernel_attn.kernels import linear  # noqa: E402
+from hf_kernel_attn.kernels import KERNELS, linear  # noqa: E402
 from hf_kernel_attn.kernels.feature_maps import performer, taylor  # noqa: E402
 from hf_kernel_attn.kernels.linear import cost  # noqa: E402
 
@@ -132,6 +132,8 @@ def kernel_and_reference_grads(name, causal, n, m, padded, chunk):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("name", LINEAR)
 def test_kernel_gradients_match_reference(name, causal, nm, padded):
+    if not causal and not KERNELS[name].supports_bidirectional:
+        pytest.skip("causal only")
     """Every linear kernel's gradients (q, k, v and its own parameters) equal autograd through the float64
     reference: chunk 7 so the scan crosses chunks and ends on a partial one; N < M puts a prefix state
     (which itself needs gradients) in front of the scan."""
@@ -167,6 +169,8 @@ def test_blocked_path_across_blocks(name, tiny_blocks):
 def test_no_grad_and_grad_paths_agree(name, causal, tiny_blocks):
     """The blocked no-grad forward and the differentiable forward give the same outputs and states
     (tiny blocks, so the no-grad path crosses many)."""
+    if not causal and not KERNELS[name].supports_bidirectional:
+        pytest.skip("causal only")
     kern = make_kernel(name, 6, 2, {"chunk_size": 16}, max_positions=400)
     q, k, v = make_inputs(1, 6, 2, 100, 100, seed=5)
     mask = torch.ones(1, 100, dtype=torch.bool)

@@ -95,6 +95,7 @@ def padding(draw: st.DrawFn, batch: int, m: int) -> torch.Tensor | None:
 def cases(draw: st.DrawFn, names: list[str]) -> Case:
     name = draw(st.sampled_from(names))
     causal = draw(st.booleans()) if KERNELS[name].supports_causal else False
+    causal = causal or not KERNELS[name].supports_bidirectional
     batch = draw(st.integers(1, 3))
     kv_heads = draw(st.integers(1, 3))
     group = draw(st.integers(1, 3))

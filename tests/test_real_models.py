@@ -108,6 +108,10 @@ def minilm_ref(minilm, minilm_tok):
 def test_minilm_kernel(kernel, minilm, minilm_tok, minilm_ref, fresh):
     batch, ref = minilm_ref
     fresh(minilm)
+    if not KERNELS[kernel].supports_bidirectional:  # an encoder: the delta rule's memory is causal only
+        with pytest.raises(ValueError, match=r"causal only .*BertModel; the causal-only kernels are"):
+            hf_kernel_attn.patch(minilm, kernel=kernel)
+        return
     hf_kernel_attn.patch(minilm, kernel=kernel)
     with torch.no_grad():
         out = minilm(**batch).last_hidden_state

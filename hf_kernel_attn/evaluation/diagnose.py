@@ -67,9 +67,12 @@ def format_report(res: dict[str, Any]) -> str:
     lines = [f"{res['blocks']} block(s) of {res['tokens']} tokens", "",
              "| layer | window | linear share (queries past the window) | linear share (all queries) |",
              "|---|---|---|---|"]
+    def pct(x: float) -> str:
+        return "– (delta rule: no shared normaliser)" if math.isnan(x) else f"{100 * x:.1f}%"
+
     for i, s in res["layers"].items():
-        lines.append(f"| {i} | {s['window']} | {100 * s['linear_share_beyond_window']:.1f}% | "
-                     f"{100 * s['linear_share_all_queries']:.1f}% |")
+        lines.append(f"| {i} | {s['window']} | {pct(s['linear_share_beyond_window'])} | "
+                     f"{pct(s['linear_share_all_queries'])} |")
     lines += ["", f"loss {res['loss']:.4f} (perplexity {res['perplexity']:.2f})",
               f"loss with the linear branch zeroed {res['loss_linear_zeroed']:.4f} "
               f"(perplexity {res['perplexity_linear_zeroed']:.2f}; Δ {res['delta_loss_linear_zeroed']:+.4f})",

@@ -47,7 +47,8 @@ def linear_branch_off(model: nn.Module) -> Iterator[list[int]]:
 def normaliser_shares(model: nn.Module, input_ids: torch.Tensor) -> dict[int, dict[str, float]]:
     """Per hybrid layer, the feature-map share far / (window + far) of the normaliser, averaged over heads and
     over the queries that have keys outside their window (position ≥ W), on one forward of ``input_ids``
-    (no padding); also the share's mean over every query."""
+    (no padding); also the share's mean over every query. NaN for a delta-rule layer (kind ``"delta"``), whose
+    memory read-out is added to the window's output instead of sharing its normaliser."""
     layers = hybrid_layers(model)
     if not layers:
         raise ValueError("the model has no sliding-window hybrid layer (a feature-map kernel with window=W > 0); "
@@ -72,7 +73,12 @@ def normaliser_shares(model: nn.Module, input_ids: torch.Tensor) -> dict[int, di
                           "share_all_queries": float(share.mean()), "window": kernel.window}
         return hook
 
-    handles = [k.register_forward_hook(hook_for(i, k), with_kwargs=True) for i, k in layers.items()]
+    # a delta-rule memory has no normaliser to share with the window (its read-out is added): no share to report
+    for i, k in layers.items():
+        if k.kind == "delta":
+            found[i] = {"share_beyond_window": float("nan"), "share_all_queries": float("nan"), "window": k.window}
+    handles = [k.register_forward_hook(hook_for(i, k), with_kwargs=True) for i, k in layers.items()
+               if k.kind != "delta"]
     try:
         model(input_ids=input_ids, use_cache=False)
     finally:

@@ -85,6 +85,13 @@ def _check_model(model: nn.Module, modules: list[nn.Module], kcfg: KernelAttenti
                 f"{type(model).__name__}; choose a causal kernel: "
                 f"{sorted(n for n, c in KERNELS.items() if c.supports_causal)}"
             )
+        if getattr(module, "is_causal", None) is False and not kernel_class(name).supports_bidirectional:
+            raise ValueError(
+                f"kernel {name!r} is causal only and cannot run layer {i} of the bidirectional model (an encoder) "
+                f"{type(model).__name__}; the causal-only kernels are "
+                f"{sorted(n for n, c in KERNELS.items() if not c.supports_bidirectional)}; choose one of "
+                f"{sorted(n for n, c in KERNELS.items() if c.supports_bidirectional)}"
+            )
 
 
 def native_window(model: nn.Module, module: nn.Module) -> int | None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from .base import Kernel, KernelOptions, LayerShape, make_options
 from .cosine import CosineKernel
+from .deltanet import DeltaNetKernel, DeltaNetOptions, GatedDeltaNetKernel, GatedDeltaNetOptions
 from .feature_map_kernel import FeatureMapKernel
 from .feature_maps import (
     CosformerKernel,
@@ -29,7 +30,8 @@ from .softmax import SoftmaxKernel
 SOFTMAX = "softmax"  # the reference kernel: the model's own attention
 
 for _cls in (SoftmaxKernel, GaussianKernel, CosineKernel, EluKernel, ReluKernel, CosformerKernel, PerformerKernel,
-             DijiangKernel, HedgehogKernel, TaylorKernel, SkyformerKernel, LigerKernel, GlaKernel):
+             DijiangKernel, HedgehogKernel, TaylorKernel, SkyformerKernel, LigerKernel, GlaKernel, DeltaNetKernel,
+             GatedDeltaNetKernel):
     add_kernel(_cls)
 
 
@@ -52,6 +54,7 @@ def build_kernel(name: str, shape: LayerShape, params: dict[str, Any] | None = N
     return kernel
 
 
-__all__ = ["KERNELS", "SOFTMAX", "FeatureMapKernel", "GatedKernel", "Kernel", "KernelOptions", "LayerShape",
+__all__ = ["KERNELS", "SOFTMAX", "DeltaNetKernel", "DeltaNetOptions", "FeatureMapKernel", "GatedDeltaNetKernel",
+           "GatedDeltaNetOptions", "GatedKernel", "Kernel", "KernelOptions", "LayerShape",
            "LinearKernel", "LinearOptions", "add_kernel", "build_kernel", "defining_module", "import_modules",
            "is_builtin", "is_softmax", "kernel_class", "validate_params"]

@@ -107,7 +107,8 @@ class Kernel(nn.Module):
     supports_bidirectional: ClassVar[bool] = True
     is_linear: ClassVar[bool] = False
     # what the kernel is, for listings and benchmarks: "softmax-like" (an N x M score matrix), "linear" (feature
-    # maps), "gated" (feature maps with a data-dependent decay) or "nystrom" (landmarks)
+    # maps), "gated" (feature maps with a data-dependent decay), "delta" (a memory written by the delta rule) or
+    # "nystrom" (landmarks)
     kind: ClassVar[str] = "softmax-like"
     # forward takes ``bias``: an additive logit bias [B or 1, Hq, N, M] (T5's relative position bias)
     supports_bias: ClassVar[bool] = False
@@ -174,6 +175,13 @@ class Kernel(nn.Module):
         if type(self).scores is Kernel.scores:
             raise NotImplementedError(f"kernel {self.name!r} defines neither scores(q, k, scaling) nor log_scores")
         return self.scores(q, k, scaling).log()
+
+    def reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_mask: torch.Tensor | None = None,
+                  causal: bool = True, scaling: float | None = None) -> torch.Tensor:
+        """The kernel's definition evaluated directly, ``[B, N, Hq, Dv]``, for a kernel whose output is not
+        Σ_j κ_ij v_j / Σ_j κ_ij (a recurrence, as the delta rule's memory): where defined,
+        ``hf_kernel_attn.testing.check_kernel`` uses it as the brute force instead of :meth:`scores`."""
+        raise NotImplementedError
 
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:
         if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:

@@ -65,8 +65,8 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def kernel_kind(name: str) -> str:
-    """The kernel class's ``kind``: ``"softmax-like"`` (quadratic in N), ``"linear"`` (feature maps), ``"gated"``
-    or ``"nystrom"`` (skyformer)."""
+    """The kernel class's ``kind``: ``"softmax-like"`` (quadratic in N), ``"linear"`` (feature maps), ``"gated"``,
+    ``"delta"`` (the delta rule: deltanet, gated_deltanet; their own ``flops``) or ``"nystrom"`` (skyformer)."""
     return kernel_class(name).kind
 
 

@@ -10,7 +10,9 @@ with the visibility of the kernel contract (bottom-right causal, key padding). F
 
     out_i = (Σ_{j∈win(i)} e^{s q_i·k_j} v_j + Σ_{j∉win(i)} κ_ij v_j) / (Σ_{j∈win(i)} e^{s q_i·k_j} + Σ_{j∉win(i)} κ_ij)
 
-(LoLCATs, Zhang et al. ICLR 2025). Forms: causal and bidirectional, key padding, GQA and MHA, an odd head
+(LoLCATs, Zhang et al. ICLR 2025). A kernel whose output is not of the form Σ κ v / Σ κ (a recurrence, as the delta
+rule's memory) defines ``Kernel.reference``, its definition evaluated directly, and that is the brute force instead.
+Forms: causal and bidirectional, key padding, GQA and MHA, an odd head
 dimension, lengths around the chunk size, decoding (from the recurrent state, or N < M queries for kernels
 without one) = recomputation, gradients of q, k, v and the kernel's parameters, and bf16 / fp16 inputs under
 autocast (finite, in the input dtype, near fp32). A failure raises ``AssertionError`` naming the kernel, the
@@ -57,6 +59,8 @@ def _rows(b: int, n: int, m: int, causal: bool, key_mask: torch.Tensor | None) -
 def brute_force(kernel: Kernel, q, k, v, key_mask=None, causal=True, scaling=None) -> torch.Tensor:
     """The kernel's definition evaluated with the explicit N×M matrix: ``[B, N, Hq, Dv]`` (q's dtype; float64
     inputs and a float64 kernel for checks)."""
+    if type(kernel).reference is not Kernel.reference:  # a definition other than Σ κ v / Σ κ (the delta rule)
+        return kernel.reference(q, k, v, key_mask=key_mask, causal=causal, scaling=scaling)
     b, hq, n, d = q.shape
     m = k.shape[-2]
     scaling = d ** -0.5 if scaling is None else scaling

@@ -11,9 +11,11 @@ Subclasses define :meth:`GatedKernel.log_gate`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import ClassVar
 
 import torch
+from torch import nn
 
 from ..base import option
 from ..linear.gated import GATED_CHUNK, MAX_CHUNK_LOG_RANGE, MIN_LOG_GATE
@@ -65,6 +67,37 @@ def softmax_(x: torch.Tensor) -> torch.Tensor:
     return torch._softmax(x, -1, False, out=x)
 
 
+def clamp_log_gate(log_gate: torch.Tensor) -> torch.Tensor:
+    """log α clamped at ``MIN_LOG_GATE`` (in place without autograd): the gates every gated form runs on."""
+    if torch.is_grad_enabled() and log_gate.requires_grad:
+        return log_gate.clamp_min(MIN_LOG_GATE)
+    return log_gate.clamp_min_(MIN_LOG_GATE)
+
+
+def low_rank_log_gate(k: torch.Tensor, scaling: float, rope_pairs: str, down: torch.Tensor, up: torch.Tensor,
+                      bias: torch.Tensor, temperature: float) -> torch.Tensor:
+    """GLA's learnable low-rank gate (Yang et al., ICML 2024) from the keys ``[B, Hkv, M, D]``:
+    log α_t = log σ(s^1/2 ρ_t W₁ W₂ + β) / τ ``[B, Hkv, M, Γ]``, ρ_t the RoPE-pair norms of k_t (W₁ = ``down``
+    ``[Hkv, ⌈D/2⌉, r]``, W₂ = ``up`` ``[Hkv, r, Γ]``, β = ``bias`` ``[Hkv, Γ]``, τ = ``temperature``)."""
+    rho = pair_norms(rope_halves(k, rope_pairs)) * math.sqrt(scaling)  # [B, H, M, P]
+    dtype = rho.dtype
+    logits = rho @ down.to(dtype)[None] @ up.to(dtype)[None]
+    if torch.is_grad_enabled() and logits.requires_grad:
+        return nn.functional.logsigmoid(logits + bias.to(dtype)[None, :, None]) / temperature
+    logits.add_(bias.to(dtype)[None, :, None])
+    return nn.functional.logsigmoid(logits).div_(temperature)
+
+
+def reset_low_rank_gate(down: torch.Tensor, up: torch.Tensor, bias: torch.Tensor, layer_idx: int) -> None:
+    """The low-rank gate's initialisation: W₁ random (deterministic per layer), W₂ = 0 and β = 4, so every gate starts
+    at α = σ(4)^(1/τ) (≈ 0.999 for τ = 16) and training learns them."""
+    gen = torch.Generator().manual_seed(1_000_003 + layer_idx)
+    with torch.no_grad():
+        down.copy_(torch.randn(down.shape, generator=gen) / math.sqrt(down.shape[1]))
+        up.zero_()
+        bias.fill_(4.0)
+
+
 class GatedKernel(LinearKernel):
     """φ(q)·φ(k) weighted by e^{b_i - b_j} (b the running sum of log α) instead of a fixed decay; see
     :mod:`.gated` for the forms."""
@@ -79,7 +112,4 @@ class GatedKernel(LinearKernel):
         raise NotImplementedError
 
     def gates(self, k: torch.Tensor, scaling: float) -> torch.Tensor:
-        log_gate = self.log_gate(k.float() if k.dtype != torch.float64 else k, scaling)
-        if torch.is_grad_enabled() and log_gate.requires_grad:
-            return log_gate.clamp_min(MIN_LOG_GATE)
-        return log_gate.clamp_min_(MIN_LOG_GATE)
+        return clamp_log_gate(self.log_gate(k.float() if k.dtype != torch.float64 else k, scaling))

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..base import LayerShape, accum, option
 from ..linear.gated import GATED_CHUNK
-from .gated import GatedKernel, GatedOptions, pair_norms, rope_halves, softmax_
+from .gated import GatedKernel, GatedOptions, low_rank_log_gate, reset_low_rank_gate, softmax_
 from .hedgehog import HedgehogKernel, HedgehogOptions
 
 
@@ -49,11 +49,7 @@ class GlaKernel(GatedKernel, HedgehogKernel):
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
-        gen = torch.Generator().manual_seed(1_000_003 + self.shape.layer_idx)
-        with torch.no_grad():
-            self.gate_down.copy_(torch.randn(self.gate_down.shape, generator=gen) / math.sqrt(self.gate_down.shape[1]))
-            self.gate_up.zero_()
-            self.gate_bias.fill_(4.0)
+        reset_low_rank_gate(self.gate_down, self.gate_up, self.gate_bias, self.shape.layer_idx)
 
     @staticmethod
     def _map(x, w, b, scaling):
@@ -73,11 +69,5 @@ class GlaKernel(GatedKernel, HedgehogKernel):
         return 2.0 * n * heads * (pairs * r + r * self.gate_up.shape[-1])
 
     def log_gate(self, k, scaling):
-        rho = pair_norms(rope_halves(k, self.options.rope_pairs)) * math.sqrt(scaling)  # [B, H, M, P]
-        dtype = rho.dtype
-        logits = rho @ self.gate_down.to(dtype)[None] @ self.gate_up.to(dtype)[None]
-        if torch.is_grad_enabled() and logits.requires_grad:
-            return nn.functional.logsigmoid(logits + self.gate_bias.to(dtype)[None, :, None]) / \
-                self.options.gate_temperature
-        logits.add_(self.gate_bias.to(dtype)[None, :, None])
-        return nn.functional.logsigmoid(logits).div_(self.options.gate_temperature)
+        return low_rank_log_gate(k, scaling, self.options.rope_pairs, self.gate_down, self.gate_up, self.gate_bias,
+                                 self.options.gate_temperature)
