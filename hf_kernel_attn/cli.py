@@ -23,7 +23,7 @@ GGUF_HELP = "GGUF file inside --model (de-quantised on load)"
 def _kernel_line(name: str, info: dict[str, Any]) -> str:
     modes = "/".join(m for m in ("causal", "bidirectional") if info[m])
     where = "" if info["module"].startswith("hf_kernel_attn.") else f"  [{info['module']}]"
-    return f"{name:10s} {info['kind']:13s} {modes:21s} {info['paper']}{where}"
+    return f"{name:14s} {info['kind']:13s} {modes:21s} {info['paper']}{where}"
 
 
 def _options_table(info: dict[str, Any]) -> list[str]:

@@ -210,7 +210,7 @@ def test_cli_import(custom_kernels, capsys):
     KERNELS.pop("sqrelu")  # --import registers it again
     sys.modules.pop(MODULE)
     assert main(["list", "--import", MODULE]) == 0
-    assert "sqrelu     linear" in capsys.readouterr().out
+    assert "sqrelu         linear" in capsys.readouterr().out
     assert main(["--import", "no_such_kernels_module", "list"]) == 2
     assert "cannot import module 'no_such_kernels_module'" in capsys.readouterr().err
 

@@ -188,7 +188,7 @@ def close(got, want, mask=None, n=None, m=None, atol=2e-5, rtol=2e-5):
 
 
 @pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
-@pytest.mark.parametrize("nm", [(9, 9), (5, 13)], ids=["N=M", "N<M"])
+@pytest.mark.parametrize("nm", [(9, 9), (5, 13), (12, 30)], ids=["N=M", "N<M", "N<M-chunked-from-state"])
 @pytest.mark.parametrize("heads", [(4, 2), (3, 3)], ids=["gqa", "mha"])
 @pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
 @pytest.mark.parametrize("name", NAMES)
@@ -235,35 +235,49 @@ def test_default_scaling_and_odd_head_dim(name):
     close(kern(q, k, v, causal=True), brute_force(kern, q, k, v))
 
 
-@pytest.mark.parametrize("n", [7, 8, 9, 17])
+@pytest.mark.parametrize("n", [15, 16, 17, 33])
 @pytest.mark.parametrize("name", NAMES)
 def test_chunk_boundaries(name, n):
-    """N = C - 1, C, C + 1 (and two chunks and a bit) with chunk_size C = 8, against the brute force and across
-    chunk sizes (the chunking changes no result)."""
+    """N = C - 1, C, C + 1 (and two chunks and a bit) with chunk_size C = 16 (above the length below which the
+    token recurrence runs instead), against the brute force and across chunk sizes (the chunking changes no
+    result)."""
     q, k, v = inputs(2, 4, 2, n, n, seed=n)
-    kern = make(name, 4, 2, {"chunk_size": 8})
+    kern = make(name, 4, 2, {"chunk_size": 16})
     want = brute_force(kern, q, k, v, None, SCALING)
-    for chunk in (8, 1, 3, 64):
+    for chunk in (16, 1, 3, 64):
         other = copy.deepcopy(kern)
         other.options.chunk_size = chunk
         close(other(q, k, v, causal=True, scaling=SCALING), want)
 
 
+GRADIENT_CASES = {"gqa-padded": ((4, 2), 11, {"chunk_size": 4}),
+                  "mha-padded": ((3, 3), 11, {"chunk_size": 4}),
+                  "chunk-minus-1": ((4, 2), 15, {"chunk_size": 16}),
+                  "chunk-plus-1": ((4, 2), 17, {"chunk_size": 16}),
+                  "window-sinks-mix": ((4, 2), 17, {"chunk_size": 4, "window": 5, "sinks": 2, "window_mix": True})}
+
+
+@pytest.mark.parametrize("case", sorted(GRADIENT_CASES))
 @pytest.mark.parametrize("name", NAMES)
-def test_gradients_fp32_against_brute_force(name):
-    """dq, dk, dv and every parameter's gradient (β's w and c; the gate's W₁, W₂, bias) of the fp32 kernel against
-    autograd through the float64 brute force, on a padded GQA batch crossing chunk boundaries."""
-    kern = make(name, 4, 2, {"chunk_size": 4})
-    n = 11
-    q, k, v = inputs(2, 4, 2, n, n, seed=21)
+def test_gradients_fp32_against_brute_force(name, case):
+    """dq, dk, dv and every parameter's gradient (β's w and c; the gate's W₁, W₂, bias; window_mix) of the fp32
+    kernel against autograd through the float64 brute force, on padded batches: GQA and MHA, N = C ± 1 with
+    C = 16, and the window + sinks hybrid."""
+    (hq, hkv), n, options = GRADIENT_CASES[case]
+    kern = make(name, hq, hkv, options)
+    if "window_mix" in options:
+        with torch.no_grad():
+            kern.window_log_mix.uniform_(-0.5, 0.5, generator=torch.Generator().manual_seed(2))
+    q, k, v = inputs(2, hq, hkv, n, n, seed=21)
     mask = left_padding(2, n)
-    weight = torch.randn(2, n, 4, DV, generator=torch.Generator().manual_seed(3), dtype=f64)
+    weight = torch.randn(2, n, hq, DV, generator=torch.Generator().manual_seed(3), dtype=f64)
     weight = weight * mask[:, :, None, None]  # pad query rows carry no loss
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
     params = [p for _, p in sorted(kern.named_parameters())]
     names = [n_ for n_, _ in sorted(kern.named_parameters())]
-    assert names == (["beta_bias", "beta_weight"] if name == "deltanet"
-                     else ["beta_bias", "beta_weight", "gate_bias", "gate_down", "gate_up"])
+    want = ["beta_bias", "beta_weight"] if name == "deltanet" else [
+        "beta_bias", "beta_weight", "gate_bias", "gate_down", "gate_up"]
+    assert names == sorted(want + (["window_log_mix"] if "window_mix" in options else []))
     out = kern(*leaves, key_mask=mask, causal=True, scaling=SCALING)
     grads = torch.autograd.grad((out.double() * weight).sum(), [*leaves, *params])
     ref_leaves = [x.double().clone().requires_grad_(True) for x in (q, k, v)]
@@ -305,16 +319,17 @@ def test_window_and_sinks_hybrid(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_decoding_token_by_token_equals_full_forward(name, params):
     """Prefill, then one token at a time with forward_with_state as the cache drives it (a window hybrid's last
-    W - 1 keys passed again): the same outputs as one full forward; the state stays [B, Hkv, D, Dv]."""
+    W - 1 keys passed again), with a 12-token continuation in the middle (the chunked form from a state, as a
+    second chat turn runs): the same outputs as one full forward; the state stays [B, Hkv, D, Dv]."""
     kern = make(name, 4, 2, {"chunk_size": 4, **params})
-    n = 20
+    n = 26
     q, k, v = inputs(2, 4, 2, n, n, seed=8)
     mask = left_padding(2, n)
     with torch.no_grad():
         full = kern(q, k, v, key_mask=mask, causal=True, scaling=SCALING)
         window = params.get("window", 0)
         outs, state, held = [], None, 0
-        for start, end in [(0, 7), *((t, t + 1) for t in range(7, n))]:
+        for start, end in [(0, 7), *((t, t + 1) for t in range(7, 10)), (10, 22), *((t, t + 1) for t in range(22, n))]:
             first = start - held
             out, state = kern.forward_with_state(q[:, :, start:end], k[:, :, first:end], v[:, :, first:end],
                                                  key_mask=mask[:, first:end], causal=True, scaling=SCALING,
@@ -344,6 +359,16 @@ def test_packed_rows_reset_the_memory(name):
         close(out[:, s:e], want)
     whole = brute_force(kern, q, k, v, None, SCALING)
     assert (out[:, 5:].double() - whole[:, 5:]).abs().max() > 1e-3  # without the reset, another result
+    # gradients through the packed row equal the documents' brute force, each alone
+    module.train()
+    leaf = k.clone().requires_grad_(True)
+    out, _ = attention_forward(module, q, leaf, v, None, scaling=SCALING, position_ids=position_ids)
+    (got,) = torch.autograd.grad(out.double().sum(), [leaf])
+    ref_leaf = k.double().clone().requires_grad_(True)
+    ref = torch.cat([brute_force(kern, q[:, :, s:e], ref_leaf[:, :, s:e], v[:, :, s:e], None, SCALING)
+                     for s, e in ((0, 5), (5, 13))], 1)
+    (want,) = torch.autograd.grad(ref.sum(), [ref_leaf])
+    close(got, want)
 
 
 @pytest.mark.parametrize("name", NAMES)

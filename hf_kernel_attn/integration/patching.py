@@ -26,6 +26,7 @@ from torch import nn
 from ..config import CONFIG_KEY, KernelAttentionConfig, LayerChoice
 from ..fileio import write_json_atomic
 from ..kernels import KERNELS, Kernel, LayerShape, build_kernel, kernel_class
+from ..kernels.registry import causal_only_kernels
 from . import positions
 from .attention import KERNEL_ATTR, SAVED_NAME
 from .cache import install_cache_hook, remove_cache_hook
@@ -88,8 +89,7 @@ def _check_model(model: nn.Module, modules: list[nn.Module], kcfg: KernelAttenti
         if getattr(module, "is_causal", None) is False and not kernel_class(name).supports_bidirectional:
             raise ValueError(
                 f"kernel {name!r} is causal only and cannot run layer {i} of the bidirectional model (an encoder) "
-                f"{type(model).__name__}; the causal-only kernels are "
-                f"{sorted(n for n, c in KERNELS.items() if not c.supports_bidirectional)}; choose one of "
+                f"{type(model).__name__}; the causal-only kernels are {causal_only_kernels()}; choose one of "
                 f"{sorted(n for n, c in KERNELS.items() if c.supports_bidirectional)}"
             )
 

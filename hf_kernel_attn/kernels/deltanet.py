@@ -60,17 +60,12 @@ from .feature_maps.gated import (
 )
 from .feature_maps.hedgehog import HedgehogKernel
 from .linear import cost
-from .linear.gated import _band, queries_at_key_positions
+from .linear.gated import queries_at_key_positions, softmax_band
 from .linear.window import update_sinks
+from .registry import causal_only_kernels
 
 FEATURE_MAPS = ("identity", "silu", "elu", "hedgehog")
 RECURRENT_BELOW = 8  # new tokens up to this many (decoding): the recurrent step instead of the chunked form
-
-
-def causal_only_kernels() -> list[str]:
-    from .registry import KERNELS
-
-    return sorted(n for n, c in KERNELS.items() if not c.supports_bidirectional)
 
 
 @dataclasses.dataclass
@@ -347,7 +342,7 @@ class DeltaNetKernel(LinearKernel):
             writing = real & ~is_sink
         kd, vv = dense(k), accum(v)
         beta, log_alpha = self.writes(kd, scaling, writing)
-        exact, _ = _band(group_queries(accum(q), hkv), kd, linear.with_ones(vv), real, window, scaling, True,
+        exact, _ = softmax_band(group_queries(accum(q), hkv), kd, linear.with_ones(vv), real, window, scaling, True,
                          sinks, offset)
         out = exact[..., :dv] / exact[..., dv:].clamp_min(1e-30)  # softmax over the window and sinks alone
         s0 = None if state is None else state.S.to(kd.dtype)

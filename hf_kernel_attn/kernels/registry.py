@@ -48,6 +48,11 @@ def add_kernel(cls: type[Kernel]) -> type[Kernel]:
     return cls
 
 
+def causal_only_kernels() -> list[str]:
+    """Names of the registered kernels that cannot run bidirectionally (encoders)."""
+    return sorted(n for n, c in KERNELS.items() if not c.supports_bidirectional)
+
+
 def kernel_class(name: str) -> type[Kernel]:
     if name not in KERNELS:
         raise ValueError(f"unknown kernel {name!r}; available kernels: {sorted(KERNELS)} (a kernel of your own: "

@@ -57,8 +57,9 @@ def _rows(b: int, n: int, m: int, causal: bool, key_mask: torch.Tensor | None) -
 
 
 def brute_force(kernel: Kernel, q, k, v, key_mask=None, causal=True, scaling=None) -> torch.Tensor:
-    """The kernel's definition evaluated with the explicit N×M matrix: ``[B, N, Hq, Dv]`` (q's dtype; float64
-    inputs and a float64 kernel for checks)."""
+    """The kernel's definition evaluated directly: with the explicit N×M matrix of ``scores``, or the kernel's own
+    ``reference`` where it defines one (a recurrence such as the delta rule); ``[B, N, Hq, Dv]`` (q's dtype;
+    float64 inputs and a float64 kernel for checks)."""
     if type(kernel).reference is not Kernel.reference:  # a definition other than Σ κ v / Σ κ (the delta rule)
         return kernel.reference(q, k, v, key_mask=key_mask, causal=causal, scaling=scaling)
     b, hq, n, d = q.shape

@@ -65,7 +65,8 @@ class LinearOptions(KernelOptions):
             raise ValueError(f"window must be an integer >= 0 (0 = no softmax window), got {self.window!r}")
         one_of("window_mix", self.window_mix, (True, False))
         if self.window_mix and not self.window:
-            raise ValueError("window_mix=True needs a window > 0 (it weighs the feature-map part against the window)")
+            raise ValueError("window_mix=True needs a window > 0 (it is a learnable factor on the part beyond the "
+                             "window: the feature map's, or the delta-rule memory's read-out)")
         if isinstance(self.sinks, bool) or not isinstance(self.sinks, int) or self.sinks < 0:
             raise ValueError(f"sinks must be an integer >= 0 (the first S real tokens attended exactly by every "
                              f"query; 0 = none), got {self.sinks!r}")

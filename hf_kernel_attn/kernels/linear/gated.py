@@ -306,7 +306,7 @@ def queries_at_key_positions(fq: torch.Tensor, m: int) -> torch.Tensor:
     return fq if n == m else torch.cat([fq.new_zeros(*fq.shape[:-2], m - n, fq.shape[-1]), fq], -2)
 
 
-def _band(qf, kf, v1, real, window: int, scaling: float, causal: bool, sinks: SinkSet | None = None,
+def softmax_band(qf, kf, v1, real, window: int, scaling: float, causal: bool, sinks: SinkSet | None = None,
           offset: int = 0, block: int = 64):
     """The softmax part of the hybrid, a block of queries at a time against the keys their windows can reach (and the
     sinks outside their windows): Σ_{j∈win(i) ∪ sinks} e^{s q_i·k_j - c_i} [v_j, 1] ``[B, H, G, N, E]`` and
@@ -369,7 +369,7 @@ def gated_hybrid(q, k, v, fq, fk, log_gate, *, window: int, scaling: float, caus
         linear_keys = real & ~is_sink
     fkm = fk * linear_keys[:, None, :, None].to(fk.dtype)
     v1 = with_ones(vf)
-    exact, shift = _band(qf, kf, v1, real, window, scaling, causal, sinks, offset)
+    exact, shift = softmax_band(qf, kf, v1, real, window, scaling, causal, sinks, offset)
     # the gated part: keys j <= i - W (and j >= i + W bidirectionally) through the shifted keys
     s0 = augmented_state(state)
     sk, sv = shifted_keys(fkm, v1, log_gate, window)
