@@ -52,6 +52,7 @@ from .feature_maps.base import LinearKernel, LinearOptions, dense
 from .feature_maps.elu import positive_elu
 from .feature_maps.gated import (
     ROPE_PAIRS,
+    check_low_rank_gate,
     clamp_log_gate,
     low_rank_log_gate,
     pair_norms,
@@ -101,11 +102,7 @@ class GatedDeltaNetOptions(DeltaNetOptions):
 
     def validate(self) -> None:
         super().validate()
-        if isinstance(self.gate_rank, bool) or not isinstance(self.gate_rank, int) or self.gate_rank <= 0:
-            raise ValueError(f"gate_rank must be an integer > 0, got {self.gate_rank!r}")
-        if isinstance(self.gate_temperature, bool) or not isinstance(self.gate_temperature, (int, float)) \
-                or self.gate_temperature <= 0:
-            raise ValueError(f"gate_temperature must be a number > 0, got {self.gate_temperature!r}")
+        check_low_rank_gate(self.gate_rank, self.gate_temperature)
 
 
 class DeltaNetKernel(LinearKernel):

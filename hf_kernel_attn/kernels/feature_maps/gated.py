@@ -67,6 +67,14 @@ def softmax_(x: torch.Tensor) -> torch.Tensor:
     return torch._softmax(x, -1, False, out=x)
 
 
+def check_low_rank_gate(rank: object, temperature: object) -> None:
+    """The low-rank gate's options (GLA, Gated DeltaNet): rank an integer > 0, temperature τ a number > 0."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise ValueError(f"gate_rank must be an integer > 0, got {rank!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature <= 0:
+        raise ValueError(f"gate_temperature must be a number > 0, got {temperature!r}")
+
+
 def clamp_log_gate(log_gate: torch.Tensor) -> torch.Tensor:
     """log α clamped at ``MIN_LOG_GATE`` (in place without autograd): the gates every gated form runs on."""
     if torch.is_grad_enabled() and log_gate.requires_grad:

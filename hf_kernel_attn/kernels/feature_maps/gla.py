@@ -10,7 +10,7 @@ from torch import nn
 
 from ..base import LayerShape, accum, option
 from ..linear.gated import GATED_CHUNK
-from .gated import GatedKernel, GatedOptions, low_rank_log_gate, reset_low_rank_gate, softmax_
+from .gated import GatedKernel, GatedOptions, check_low_rank_gate, low_rank_log_gate, reset_low_rank_gate, softmax_
 from .hedgehog import HedgehogKernel, HedgehogOptions
 
 
@@ -23,11 +23,7 @@ class GlaOptions(HedgehogOptions, GatedOptions):
 
     def validate(self) -> None:
         super().validate()
-        if isinstance(self.gate_rank, bool) or not isinstance(self.gate_rank, int) or self.gate_rank <= 0:
-            raise ValueError(f"gate_rank must be an integer > 0, got {self.gate_rank!r}")
-        if isinstance(self.gate_temperature, bool) or not isinstance(self.gate_temperature, (int, float)) \
-                or self.gate_temperature <= 0:
-            raise ValueError(f"gate_temperature must be a number > 0, got {self.gate_temperature!r}")
+        check_low_rank_gate(self.gate_rank, self.gate_temperature)
 
 
 class GlaKernel(GatedKernel, HedgehogKernel):
