@@ -90,7 +90,7 @@ def brute_force(kern, q, k, v, key_mask=None, scaling=None):
     scaling = d ** -0.5 if scaling is None else scaling
     opts = kern.options
     window, sinks = opts.window, opts.sinks
-    mix = getattr(kern, "window_log_mix", None)
+    mix = getattr(kern, "memory_mix", None)
     rows = []
     for bi in range(b):
         real = [True] * m if key_mask is None else [bool(x) for x in key_mask[bi]]
@@ -133,7 +133,7 @@ def brute_force(kern, q, k, v, key_mask=None, scaling=None):
                 t = p - window
                 if t >= 0:
                     far = torch.exp(log_decay[p + 1] - log_decay[t + 1]) * (after[t] @ qh)
-                    o = o + (1.0 if mix is None else torch.exp(mix[h].to(f64))) * far
+                    o = o + (1.0 if mix is None else mix[h].to(f64)) * far
                 outs.append(o)
             heads.append(torch.stack(outs))
         rows.append(torch.stack(heads, 1))
@@ -267,7 +267,7 @@ def test_gradients_fp32_against_brute_force(name, case):
     kern = make(name, hq, hkv, options)
     if "window_mix" in options:
         with torch.no_grad():
-            kern.window_log_mix.uniform_(-0.5, 0.5, generator=torch.Generator().manual_seed(2))
+            kern.memory_mix.uniform_(-1.5, 1.5, generator=torch.Generator().manual_seed(2))
     q, k, v = inputs(2, hq, hkv, n, n, seed=21)
     mask = left_padding(2, n)
     weight = torch.randn(2, n, hq, DV, generator=torch.Generator().manual_seed(3), dtype=f64)
@@ -277,7 +277,7 @@ def test_gradients_fp32_against_brute_force(name, case):
     names = [n_ for n_, _ in sorted(kern.named_parameters())]
     want = ["beta_bias", "beta_weight"] if name == "deltanet" else [
         "beta_bias", "beta_weight", "gate_bias", "gate_down", "gate_up"]
-    assert names == sorted(want + (["window_log_mix"] if "window_mix" in options else []))
+    assert names == sorted(want + (["memory_mix"] if "window_mix" in options else []))
     out = kern(*leaves, key_mask=mask, causal=True, scaling=SCALING)
     grads = torch.autograd.grad((out.double() * weight).sum(), [*leaves, *params])
     ref_leaves = [x.double().clone().requires_grad_(True) for x in (q, k, v)]
@@ -296,6 +296,8 @@ def test_window_and_sinks_hybrid(name):
     """window=W with sinks=S, a learnt window_mix and key padding: softmax over win(i) ∪ sinks plus the memory
     after key i - W, decayed to i, in both grad modes."""
     kern = make(name, 4, 2, {"window": 5, "sinks": 2, "window_mix": True, "chunk_size": 4})
+    with torch.no_grad():
+        kern.memory_mix.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(5))
     n = 17
     q, k, v = inputs(2, 4, 2, n, n, seed=4)
     mask = left_padding(2, n)
@@ -306,13 +308,37 @@ def test_window_and_sinks_hybrid(name):
     out = kern(leaf, k, v, key_mask=mask, causal=True, scaling=SCALING)
     close(out, want, mask, n, n)
     out.sum().backward()
-    assert torch.isfinite(leaf.grad).all() and kern.window_log_mix.grad.abs().sum() > 0
+    assert torch.isfinite(leaf.grad).all() and kern.memory_mix.grad.abs().sum() > 0
     # N <= W: the exact softmax alone (no memory read yet)
     short = make(name, 4, 2, {"window": 8})
     q, k, v = inputs(1, 4, 2, 8, 8, seed=9)
     ref = torch.softmax(SCALING * q @ k.repeat_interleave(2, 1).transpose(-1, -2)
                         + torch.full((8, 8), float("-inf")).triu(1), -1) @ v.repeat_interleave(2, 1)
     close(short(q, k, v, causal=True, scaling=SCALING), ref.transpose(1, 2))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_window_mix_starts_as_the_window_and_sinks_alone(name):
+    """With window_mix the memory's factor λ starts at mix_init = 0: a freshly built (untrained) hybrid is exactly
+    softmax over each query's last W keys and the S sinks, written out here as one masked softmax; mix_init = 1
+    adds the memory (the output differs), and the factor gets a gradient at 0, so training can grow it."""
+    window, sinks, n = 5, 2, 17
+    kern = build_kernel(name, LayerShape(4, 2, D, 0, 256), {"window": window, "sinks": sinks, "window_mix": True})
+    q, k, v = inputs(1, 4, 2, n, n, seed=12)
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    seen = (j <= i) & ((i - j < window) | (j < sinks))
+    logits = SCALING * q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)
+    ref = torch.softmax(logits.masked_fill(~seen, float("-inf")), -1) @ v.double().repeat_interleave(2, 1)
+    out = kern(q, k, v, causal=True, scaling=SCALING)
+    close(out, ref.transpose(1, 2))
+    out.double().pow(2).sum().backward()
+    assert kern.memory_mix.grad.abs().sum() > 0
+    one = build_kernel(name, LayerShape(4, 2, D, 0, 256), {"window": window, "sinks": sinks, "window_mix": True,
+                                                            "mix_init": 1.0})
+    with torch.no_grad():
+        assert (one(q, k, v, causal=True, scaling=SCALING).double() - ref.transpose(1, 2)).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="mix_init must be a finite number"):
+        build_kernel(name, LayerShape(4, 2, D, 0, 256), {"window": window, "window_mix": True, "mix_init": "x"})
 
 
 @pytest.mark.parametrize("params", [{}, {"window": 4, "sinks": 2}], ids=["plain", "window+sinks"])

@@ -199,6 +199,27 @@ def test_passkey_on_smollm2_and_a_short_window(smollm2, smollm2_tok, fresh):
     assert run_long_context(smollm2, smollm2_tok, "passkey", **kw)[0]["value"] == 100
 
 
+def test_recall_cells_carry_their_decode_cost(smollm2, smollm2_tok, fresh):
+    """Every recall cell says what it cost: the decode cache after one prompt and the decode ms/token. Softmax's
+    cache is its K/V, layers x 2 x KV heads x length x head_dim x 4 bytes by the config; the delta-rule hybrid's
+    is the same at both lengths and smaller."""
+    import hf_kernel_attn
+
+    fresh(smollm2)
+    kw = dict(lengths=[128, 256], depths=[50], samples=2, seed=0)
+    cfg = smollm2.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    soft = run_long_context(smollm2, smollm2_tok, "passkey", **kw)
+    for cell in soft:
+        want = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cell["length"] * head_dim * 4
+        assert cell["cache_bytes"] == want
+        assert cell["decode_ms_per_token"] > 0 and cell["decode_batch"] == 2
+    hf_kernel_attn.patch(smollm2, kernel="deltanet", window=16, sinks=2)
+    delta = run_long_context(smollm2, smollm2_tok, "passkey", **kw)
+    assert delta[0]["cache_bytes"] == delta[1]["cache_bytes"] < soft[1]["cache_bytes"]
+    assert all(c["decode_ms_per_token"] > 0 for c in delta)
+
+
 def test_eval_command_writes_length_and_depth(smollm2_dir, tmp_path):
     from hf_kernel_attn.cli import main
 
@@ -209,6 +230,7 @@ def test_eval_command_writes_length_and_depth(smollm2_dir, tmp_path):
     recs = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert [(r["length"], r["depth"]) for r in recs] == [(128, 0), (128, 100)]
     assert all(r["task"] == "passkey" and r["metric"] == "exact_match" and r["n"] == 1 for r in recs)
+    assert all(r["cache_bytes"] > 0 and r["decode_batch"] == 1 for r in recs)
     assert (tmp_path / "plots" / "passkey_exact_match.png").is_file()
 
 

@@ -31,6 +31,7 @@ from .tasks import (
 
 RECORD_KEYS = ("model", "kernel", "params", "layers", "task", "split", "metric", "value", "stderr", "n", "seconds")
 LONG_CONTEXT_KEYS = ("length", "depth")  # added to the records of long-context tasks
+COST_KEYS = ("cache_bytes", "decode_ms_per_token", "decode_batch")  # what a recall cell cost (long_context.runner)
 _CLASSES = {"causal_lm": "AutoModelForCausalLM", "sequence_classification": "AutoModelForSequenceClassification",
             "embedding": "AutoModel"}
 
@@ -170,9 +171,11 @@ def _long_context_task(spec, model, tok, task, split, data_dir, lengths, depths,
 
     text = read_filler_text(data_dir, split) if task in NATURAL_TEXT_TASKS else None
 
-    def progress(task, metric, length, depth, scores, secs):
+    def progress(task, metric, length, depth, scores, secs, cost):
+        ms = cost.get("decode_ms_per_token")
+        paid = f"cache {cost['cache_bytes'] / 2**20:.1f} MiB" + ("" if ms is None else f", {ms:.0f} ms/token")
         print(f"{task} {metric} length {length} depth {depth}: "
-              + ", ".join(f"{k} {100 * sum(v) / len(v):.0f}%" for k, v in scores.items()) + f" ({secs:.1f} s)",
+              + ", ".join(f"{k} {100 * sum(v) / len(v):.0f}%" for k, v in scores.items()) + f" ({paid}; {secs:.1f} s)",
               flush=True)
 
     cells = run_long_context(model, tok, task, lengths=lengths, depths=depths, samples=samples, seed=seed, text=text,
@@ -181,8 +184,7 @@ def _long_context_task(spec, model, tok, task, split, data_dir, lengths, depths,
     for c in cells:
         rec = _record(spec, model, task, split, c["metric"], c["value"], c["stderr"], c["n"], c["seconds"])
         rec.update(length=c["length"], depth=c["depth"], seed=seed)
-        if "position_start" in c:
-            rec["position_start"] = c["position_start"]
+        rec.update({key: c[key] for key in ("position_start", *COST_KEYS) if key in c})
         out.append(rec)
     return out
 

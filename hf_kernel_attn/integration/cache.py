@@ -22,7 +22,7 @@ import re
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from ..kernels import Kernel, LinearKernel
 from ..kernels.linear.state import LinearState
@@ -433,3 +433,17 @@ def wants_state_cache(model: torch.nn.Module) -> bool:
     modules = attention_modules(model)
     return (any(_wants_layer(getattr(m, KERNEL_ATTR, None)) for m in modules)
             and all(passes_update_kwargs(type(m)) for m in modules))
+
+
+def new_cache(model: torch.nn.Module) -> Cache:
+    """What ``generate`` would use: a RecurrentStateCache when the model has linear layers, else a DynamicCache."""
+    return RecurrentStateCache(model) if wants_state_cache(model) else DynamicCache(config=model.config)
+
+
+def cache_bytes(cache: Cache) -> int:
+    """Bytes a decode cache holds: a RecurrentStateCache counts its own (states, windows, sinks, K/V); any other
+    cache is the keys and values of its layers."""
+    if isinstance(cache, RecurrentStateCache):
+        return cache.nbytes()
+    return sum(t.numel() * t.element_size() for layer in cache.layers
+               for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor))

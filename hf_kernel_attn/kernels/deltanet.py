@@ -32,8 +32,13 @@ tokens), plus the delta-rule read-out of the keys older than the window, the mem
 
     out_i = softmax_{j ∈ win(i) ∪ sinks}(s q_i·k_j) v_j  +  λ_h e^{b_i - b_{i-W}} S_{i-W} q̂_i
 
-(b the running sum of ln α; λ_h = 1, or exp(θ_h) learnable with ``window_mix``; sinks neither write nor decay). The
-read-out has no normaliser to share with the window, so the two parts add; for N ≤ W it is the exact softmax alone.
+(b the running sum of ln α; sinks neither write nor decay). The read-out has no normaliser to share with the window,
+so the two parts add; for N ≤ W it is the exact softmax alone. λ_h = 1, or with ``window_mix`` a learnable factor
+per query head that starts at ``mix_init`` (0 by default) and enters linearly: the swapped model then starts as
+its window (and sinks) softmax alone, the nearest to softmax a bounded cache gets, and training grows the
+memory's read-out where it helps. (Starting at λ = 1 with an untrained β, the read-out is a large wrong term: an
+untrained SmolLM2 deltanet-window64 had a held-out perplexity of 31,492.) The feature-map hybrids' λ = exp(θ)
+starts at 1 instead, because their linear part shares the window's normaliser and is a small share of it.
 """
 
 from __future__ import annotations
@@ -76,8 +81,10 @@ class DeltaNetOptions(LinearOptions):
                                             "results)")
     window: int = option(0, "W > 0: exact softmax over the last W keys plus the delta-rule memory of the older ones "
                             "(sliding-window hybrid; the two parts add)")
-    window_mix: bool = option(False, "a learnable per-head factor λ_h = exp(θ_h) on the memory's read-out (needs a "
-                                     "window)")
+    window_mix: bool = option(False, "a learnable per-head factor λ_h on the memory's read-out, starting at "
+                                     "mix_init (needs a window)")
+    mix_init: float = option(0.0, "with window_mix: λ_h at the start (0: the model starts as its window and sinks "
+                                  "softmax alone, near softmax)")
     feature_map: str = option("identity", "φ before the L2 normalisation of q and k: identity, silu, elu (elu + 1) "
                                           "or hedgehog (learnable [softmax(s^1/2 xW + b), softmax(-(s^1/2 xW + b))] "
                                           "per head, W = I and b = 0 at the start; 2D features)")
@@ -90,6 +97,10 @@ class DeltaNetOptions(LinearOptions):
         super().validate()
         one_of("feature_map", self.feature_map, FEATURE_MAPS)
         one_of("rope_pairs", self.rope_pairs, ROPE_PAIRS)
+        if (isinstance(self.mix_init, bool) or not isinstance(self.mix_init, (int, float))
+                or not math.isfinite(self.mix_init)):
+            raise ValueError(f"mix_init must be a finite number (the memory read-out's factor λ_h at the start, "
+                             f"with window_mix), got {self.mix_init!r}")
         if self.beta is not None and (isinstance(self.beta, bool) or not isinstance(self.beta, (int, float))
                                       or not 0 < self.beta <= 1):
             raise ValueError(f"beta must be None (learnable) or a number in (0, 1], got {self.beta!r}")
@@ -117,6 +128,9 @@ class DeltaNetKernel(LinearKernel):
 
     def __init__(self, shape: LayerShape, options: DeltaNetOptions) -> None:
         super().__init__(shape, options)
+        if options.window_mix:  # λ_h enters linearly here (it starts at 0), not as the feature maps' exp(θ_h)
+            del self.window_log_mix
+            self.memory_mix = nn.Parameter(torch.empty(shape.num_heads))
         if options.beta is None:
             pairs = -(-shape.head_dim // 2)
             self.beta_weight = nn.Parameter(torch.empty(shape.num_kv_heads, pairs))
@@ -131,6 +145,8 @@ class DeltaNetKernel(LinearKernel):
     def reset_parameters(self) -> None:
         super().reset_parameters()
         with torch.no_grad():
+            if hasattr(self, "memory_mix"):
+                self.memory_mix.fill_(float(self.options.mix_init))
             if hasattr(self, "beta_weight"):
                 self.beta_weight.zero_()
                 self.beta_bias.zero_()
@@ -171,6 +187,14 @@ class DeltaNetKernel(LinearKernel):
         elif fmap == "elu":
             x = positive_elu(x)
         return nn.functional.normalize(x, dim=-1, eps=self.options.eps)
+
+    def branch_mix(self, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
+        """λ ``[Hkv, G]`` on the memory's read-out beyond the window: the learnable factor (``window_mix``), 0
+        while :attr:`linear_branch_off` is set (the window alone), else None (λ = 1)."""
+        mix = getattr(self, "memory_mix", None)
+        if self.linear_branch_off:
+            return torch.zeros(num_kv_heads, self.shape.num_heads // num_kv_heads, device=device)
+        return None if mix is None else mix.view(num_kv_heads, -1)
 
     def write_strength(self, k: torch.Tensor, scaling: float) -> torch.Tensor:
         """β_t ∈ (0, 1] ``[B, Hkv, M]`` from the keys ``[B, Hkv, M, D]`` (fp32 or fp64)."""
@@ -222,7 +246,7 @@ class DeltaNetKernel(LinearKernel):
         _, _, states = delta_rule_naive(None, kn, vv, beta, log_alpha, return_states=True)  # [B, H, M, D, Dv]
         cum = torch.zeros_like(beta) if log_alpha is None else log_alpha.cumsum(-1)
         qg = group_queries(accum(q), hkv)
-        log_mix = self.branch_log_mix(hkv, q.device)
+        mix = self.branch_mix(hkv, q.device)
         outs = []
         for i in range(n):
             p = m - n + i
@@ -237,8 +261,8 @@ class DeltaNetKernel(LinearKernel):
             if t >= 0:
                 far = (qn[:, :, :, i:i + 1] @ states[:, :, t, None]) * (cum[:, :, p] - cum[:, :, t]).exp()[
                     :, :, None, None, None]
-                if log_mix is not None:
-                    far = far * log_mix.exp()[None, :, :, None, None]
+                if mix is not None:
+                    far = far * mix.to(far.dtype)[None, :, :, None, None]
                 o = o + far
             outs.append(o)
         return ungroup_output(torch.cat(outs, 3)).to(q.dtype)
@@ -370,9 +394,9 @@ class DeltaNetKernel(LinearKernel):
                 if cum is not None:
                     early = early * cum[:, :, first:hi].exp()[:, :, None, :, None]
                 far = torch.cat([early, far[:, :, :, hi - first:]], 3)
-        log_mix = self.branch_log_mix(hkv, q.device)
-        if log_mix is not None:
-            far = far * log_mix.exp()[None, :, :, None, None]
+        mix = self.branch_mix(hkv, q.device)
+        if mix is not None:
+            far = far * mix.to(far.dtype)[None, :, :, None, None]
         out = ungroup_output(out + far).to(q.dtype)
         if s is None:
             s = qn.new_zeros(b, hkv, qn.shape[-1], dv)

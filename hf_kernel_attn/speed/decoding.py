@@ -11,26 +11,12 @@ from typing import Any
 import torch
 
 from ..integration.attention import KERNEL_ATTR
-from ..integration.cache import RecurrentStateCache, RecurrentStateLayer, wants_state_cache
+from ..integration.cache import RecurrentStateCache, RecurrentStateLayer, cache_bytes, new_cache
 from ..integration.modules import attention_modules
 from ..integration.swap import patch
 from ..kernels import SOFTMAX, is_softmax, kernel_class
 from ..kernels.base import accum
 from ..kernels.linear.state import LinearState, SinkSet
-
-
-def new_cache(model: torch.nn.Module):
-    """What ``generate`` would use: a RecurrentStateCache when the model has linear layers, else a DynamicCache."""
-    from transformers import DynamicCache
-
-    return RecurrentStateCache(model) if wants_state_cache(model) else DynamicCache(config=model.config)
-
-
-def cache_bytes(cache: Any) -> int:
-    if isinstance(cache, RecurrentStateCache):
-        return cache.nbytes()
-    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
-               if t is not None)
 
 
 @torch.no_grad()

@@ -3,12 +3,16 @@ queries (``teacher``) and per-position loss (``loss``). One result per (metric, 
 
 from __future__ import annotations
 
+import inspect
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+from transformers.generation.streamers import BaseStreamer
 
+from ...integration.cache import cache_bytes, new_cache
 from ..tasks import accuracy_stderr, read_text_task
 from .base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES, TASKS, Sample, exact_match, first_number
 from .position_loss import buckets
@@ -67,15 +71,48 @@ def _batches(samples: list[Sample]) -> list[list[Sample]]:
     return [samples[i:i + per] for i in range(0, len(samples), per)]
 
 
+class StepClock(BaseStreamer):
+    """A streamer that only notes when ``generate`` hands over tokens: first the prompt, then each new token, so
+    the gaps between the later hand-overs are the decode steps (one new token per sequence each)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+    def step_seconds(self) -> list[float]:
+        """Seconds of each decode step after the first new token (the prefill is not one of them)."""
+        return [b - a for a, b in zip(self.times[1:-1], self.times[2:], strict=True)]
+
+
 @torch.no_grad()
-def _generate_scores(model, tokenizer, samples: list[Sample], max_new_tokens: int) -> list[bool]:
-    """Greedy continuation of each prompt; correct iff its first number equals the answer exactly."""
+def prompt_cache_bytes(model, ids: list[int]) -> int:
+    """Bytes of the decode cache after a prefill of ``ids`` (one sequence): what ``generate`` keeps to go on from
+    the prompt (a growing K/V cache for softmax; states, windows and sinks for the plugin's kernels)."""
+    cache = new_cache(model)
+    kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    model(input_ids=torch.tensor([ids], device=_device(model)), cache=cache, use_cache=True, **kwargs)
+    return cache_bytes(cache)
+
+
+@torch.no_grad()
+def _generate_scores(model, tokenizer, samples: list[Sample], max_new_tokens: int,
+                     steps: list[float] | None = None) -> list[bool]:
+    """Greedy continuation of each prompt; correct iff its first number equals the answer exactly. The seconds of
+    each decode step (whole batch) are appended to ``steps``."""
     correct = []
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     for batch in _batches(samples):
         ids = torch.tensor([s.ids for s in batch], device=_device(model))
+        clock = StepClock()
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=pad, num_beams=1)
+                             do_sample=False, pad_token_id=pad, num_beams=1, streamer=clock)
+        if steps is not None:
+            steps.extend(clock.step_seconds())
         for s, row in zip(batch, out[:, ids.shape[1]:], strict=True):
             correct.append(exact_match(first_number(tokenizer.decode(row, skip_special_tokens=True)), s.answers[0]))
     return correct
@@ -106,8 +143,11 @@ def run_long_context(model, tokenizer, task: str, *, lengths: Sequence[int] = DE
                      depths: Sequence[float] = DEFAULT_DEPTHS, samples: int = DEFAULT_SAMPLES, seed: int = 0,
                      text: str | None = None, progress=None) -> list[dict[str, Any]]:
     """Score ``task`` on every (length, depth) cell; returns
-    ``[{"metric", "value", "stderr", "n", "length", "depth", "seconds"}]`` (position_loss: one per position
-    bucket, ``length`` = the bucket's end, ``depth`` None, plus ``position_start``)."""
+    ``[{"metric", "value", "stderr", "n", "length", "depth", "seconds", "cache_bytes", ...}]`` (position_loss: one
+    per position bucket, ``length`` = the bucket's end, ``depth`` None, plus ``position_start``). Every recall cell
+    carries what it cost: ``cache_bytes``, the decode cache after one prompt of the cell (one sequence, measured
+    by a separate prefill of the cell's first prompt), and for generated answers ``decode_ms_per_token``, the
+    median decode step while answering, with ``decode_batch`` sequences per step."""
     if task not in TASKS:
         raise ValueError(f"unknown long-context task {task!r}; available: {sorted(TASKS)}")
     check_long_context_args(lengths, depths, samples, seed)
@@ -135,11 +175,15 @@ def run_long_context(model, tokenizer, task: str, *, lengths: Sequence[int] = DE
     for metric in spec.metrics if spec.kind == "generate" else (spec.metrics[0],):
         for length in lengths:
             for depth in depths:
-                start = time.perf_counter()
                 kwargs = {"text_ids": natural.ids, "is_boundary": natural.is_boundary} if natural else {}
                 cell = spec.samples(encode, length, depth, samples, seed, metric=metric, bos=bos, **kwargs)
+                cost: dict[str, Any] = {"cache_bytes": prompt_cache_bytes(model, cell[0].ids)}
+                start = time.perf_counter()  # the scoring alone
                 if spec.kind == "generate":
-                    scores = {metric: _generate_scores(model, tokenizer, cell, spec.answer_digits + 4)}
+                    steps: list[float] = []
+                    scores = {metric: _generate_scores(model, tokenizer, cell, spec.answer_digits + 4, steps)}
+                    cost["decode_ms_per_token"] = 1e3 * statistics.median(steps) if steps else None
+                    cost["decode_batch"] = len(_batches(cell)[0])
                 else:
                     per_query = _teacher_scores(model, cell)
                     scores = {spec.metrics[0]: [q[0] for q in per_query],
@@ -148,9 +192,9 @@ def run_long_context(model, tokenizer, task: str, *, lengths: Sequence[int] = DE
                 for name, correct in scores.items():
                     results.append({"metric": name, "value": 100 * sum(correct) / len(correct),
                                     "stderr": 100 * accuracy_stderr(correct), "n": len(correct), "length": length,
-                                    "depth": depth, "seconds": secs})
+                                    "depth": depth, "seconds": secs, **cost})
                 if progress:
-                    progress(task, metric, length, depth, scores, secs)
+                    progress(task, metric, length, depth, scores, secs, cost)
     return results
 
 
