@@ -11,9 +11,12 @@ import re
 import sys
 from pathlib import Path
 
+from ..registry import Registry
 from .base import Kernel, KernelOptions
 
-KERNELS: dict[str, type[Kernel]] = {}
+KERNELS: Registry[type[Kernel]] = Registry(
+    "kernel", Kernel, hint="a kernel of your own: register it with hf_kernel_attn.register_kernel, and load its "
+    "module first, e.g. with --import MODULE")
 BUILTIN_PACKAGE = "hf_kernel_attn."
 REMOTE_PACKAGE = "transformers_modules."  # where transformers imports a model's own code
 KINDS = ("softmax-like", "linear", "gated", "delta", "nystrom")
@@ -21,7 +24,8 @@ _NAME = re.compile(r"^[a-z][a-z0-9_\-]*$")
 
 
 def add_kernel(cls: type[Kernel]) -> type[Kernel]:
-    """Add ``cls`` under ``cls.name``; re-adding the same class (a module imported twice) is a no-op. Raises a
+    """Add ``cls`` under ``cls.name``; re-adding the same class, or the same definition (a module executed twice),
+    is fine, another class under a taken name is not (:class:`hf_kernel_attn.registry.Registry`). Raises a
     ValueError naming the problem for anything that cannot work as a kernel."""
     if not isinstance(cls, type) or not issubclass(cls, Kernel):
         raise ValueError(f"register_kernel takes a subclass of hf_kernel_attn.Kernel (a FeatureMapKernel for a "
@@ -32,19 +36,13 @@ def add_kernel(cls: type[Kernel]) -> type[Kernel]:
                          f"'sqrelu' (letters, digits, '_' or '-'), got {name!r}")
     if name == "saved":
         raise ValueError("'saved' is reserved (it means a checkpoint's own kernel on the command line)")
-    previous = KERNELS.get(name)
-    if previous is not None and previous is not cls:
-        same_source = (previous.__module__, previous.__qualname__) == (cls.__module__, cls.__qualname__)
-        if not same_source:
-            raise ValueError(f"kernel name {name!r} is already registered by {previous.__module__}."
-                             f"{previous.__qualname__}; choose another name")
     opts = cls.options_cls
     if not (dataclasses.is_dataclass(opts) and issubclass(opts, KernelOptions)):
         raise ValueError(f"{cls.__qualname__}.options_cls must be a dataclass subclassing KernelOptions "
                          f"(e.g. LinearOptions for a feature map), got {opts!r}")
     if cls.kind not in KINDS:
         raise ValueError(f"{cls.__qualname__}.kind must be one of {list(KINDS)}, got {cls.kind!r}")
-    KERNELS[name] = cls
+    KERNELS.register(name, cls)
     return cls
 
 
@@ -54,11 +52,9 @@ def causal_only_kernels() -> list[str]:
 
 
 def kernel_class(name: str) -> type[Kernel]:
-    if name not in KERNELS:
-        raise ValueError(f"unknown kernel {name!r}; available kernels: {sorted(KERNELS)} (a kernel of your own: "
-                         "register it with hf_kernel_attn.register_kernel, and load its module first, e.g. with "
-                         "--import MODULE)")
-    return KERNELS[name]
+    """The class registered as ``name``; an :class:`~hf_kernel_attn.registry.UnknownNameError` (a ValueError)
+    listing the kernels otherwise."""
+    return KERNELS.get(name)
 
 
 def is_builtin(name: str) -> bool:

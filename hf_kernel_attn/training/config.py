@@ -1,7 +1,9 @@
 """The conversion-training config: a YAML file, ``--set KEY=VALUE`` overrides, validation.
 
-Every key has a default here (``DEFAULTS``); a key that is not in the schema is an error that names
-the nearest valid key. Dotted keys address nested sections (``stages.transfer.lr``).
+Every key has a default here (:func:`defaults`); a key that is not in the schema is an error that names
+the nearest valid key. Dotted keys address nested sections (``stages.transfer.lr``). The ``stages`` section
+holds every registered stage, those that the config's own ``imports:`` register too: the modules are imported
+first, then the defaults are built and the file and the overrides merged into them.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from .sharding import SHARDINGS
 from .stages import COMMON_DEFAULTS, STAGE_TYPES, stage_names
 from .tasks import TASK_TYPES
 
-STAGES = stage_names()  # the run order (training/stages/)
 MIXED_PRECISION = ("no", "bf16", "fp16")
 BUDGET_CLOCKS = ("wall", "cpu")
 
-DEFAULTS: dict[str, Any] = {
+# every key but the stages' (defaults() adds those of the stages registered when it is called)
+_DEFAULTS: dict[str, Any] = {
     "model": None,               # folder or hub id
     "gguf_file": None,           # convert a GGUF checkpoint on the fly
     "base_model_id": None,       # the Hub id the model card names as base_model (default: model, if a Hub id)
@@ -54,9 +56,8 @@ DEFAULTS: dict[str, Any] = {
         "recall_max_facts": 3,   # facts per such block (1 ... this), each stated once and asked at the end
     },
     "seed": 0,
-    "imports": [],               # modules to import first: they register kernels of your own (register_kernel)
-    # each stage's keys: COMMON_DEFAULTS and the stage's own (training/stages/<name>.py)
-    "stages": {name: {**COMMON_DEFAULTS, **STAGE_TYPES[name].defaults} for name in STAGES},
+    "imports": [],               # modules to import first: they register kernels, tasks or stages of your own
+    "stages": {},                # each registered stage's keys: COMMON_DEFAULTS and the stage's own `defaults`
     "save_every": 100,
     "keep_checkpoints": 2,
     "output_dir": None,
@@ -88,6 +89,27 @@ OPEN_KEYS = {"kernel_params", "layers", "config_overrides"}
 
 class ConfigError(ValueError):
     pass
+
+
+def defaults() -> dict[str, Any]:
+    """A fresh copy of every key's default; ``stages`` holds each stage registered now, in run order."""
+    config = copy.deepcopy(_DEFAULTS)
+    config["stages"] = {name: copy.deepcopy({**COMMON_DEFAULTS, **STAGE_TYPES[name].defaults})
+                        for name in stage_names()}
+    return config
+
+
+def configured_stages(config: dict[str, Any]) -> list[str]:
+    """The stages a resolved config has a section for, in run order."""
+    return [name for name in stage_names() if name in config["stages"]]
+
+
+def __getattr__(name: str) -> Any:
+    """``DEFAULTS`` (the former constant): :func:`defaults` computed at the access, so it holds the stages
+    registered by then."""
+    if name == "DEFAULTS":
+        return defaults()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _Loader(yaml.SafeLoader):
@@ -147,7 +169,7 @@ def _all_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
 
 
 def _unknown(key: str) -> ConfigError:
-    valid = _all_keys(DEFAULTS)
+    valid = _all_keys(defaults())
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     if not close:  # compare the last component too (a misspelled leaf under the right section)
         leaf = key.rsplit(".", 1)[-1]
@@ -223,32 +245,36 @@ def _nest(path: list[str], value: Any) -> dict[str, Any]:
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None,
                 base_dir: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Defaults <- YAML file <- ``--set`` overrides, validated. Relative local paths in the file are
-    resolved against the current directory (where the command runs)."""
-    config = copy.deepcopy(DEFAULTS)
-    every_stage: dict[str, Any] = {}
+    """Defaults <- YAML file <- ``--set`` overrides, validated. The ``imports:`` modules (the file's, or an
+    override's) are imported first, so that the kernels, tasks and stages they register are known to the
+    defaults and the checks. Relative local paths in the file are resolved against the current directory
+    (where the command runs)."""
+    data: Any = {}
     if path is not None:
         path = Path(path)
         data = read_yaml_file(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a YAML mapping, got {type(data).__name__}")
-        _merge(config, data, every_stage=every_stage)
-    for item in overrides or []:
-        keys, value = parse_override(item)
-        _merge(config, _nest(keys, value), every_stage=every_stage)
-    running = [s for s in STAGES if _is_int(config["stages"][s]["steps"], 1)]
-    for key, value in every_stage.items():
-        for name in running:
-            config["stages"][name][key] = value
-    if isinstance(config["model"], str) and config["model"].startswith("pkg:"):
-        config["model"] = resolve_package_path(config["model"])
-    imports = config["imports"]
+    updates = [data, *(_nest(*parse_override(item)) for item in overrides or [])]
+    imports = _DEFAULTS["imports"]
+    for update in updates:
+        imports = update.get("imports", imports)
     _check(isinstance(imports, list) and all(isinstance(m, str) for m in imports),
            f"imports must be a list of module names, got {imports!r}")
     try:
         import_modules(imports, where="imports")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    config = defaults()
+    every_stage: dict[str, Any] = {}
+    for update in updates:
+        _merge(config, update, every_stage=every_stage)
+    running = [s for s in configured_stages(config) if _is_int(config["stages"][s]["steps"], 1)]
+    for key, value in every_stage.items():
+        for name in running:
+            config["stages"][name][key] = value
+    if isinstance(config["model"], str) and config["model"].startswith("pkg:"):
+        config["model"] = resolve_package_path(config["model"])
     validate(config)
     return config
 
@@ -364,7 +390,8 @@ def validate(config: dict[str, Any]) -> None:
     _check(_is_int(config["seed"]), f"seed must be an integer >= 0, got {config['seed']!r}")
     _check(_is_int(config["save_every"]), f"save_every must be an integer >= 0, got {config['save_every']!r}")
     _check(_is_int(config["keep_checkpoints"], 1), "keep_checkpoints must be an integer >= 1")
-    for name in STAGES:
+    stages = configured_stages(config)
+    for name in stages:
         stage = config["stages"][name]
         _check(_is_int(stage["steps"]), f"stages.{name}.steps must be an integer >= 0, got {stage['steps']!r}")
         _check(_is_num(stage["lr"]) and stage["lr"] > 0, f"stages.{name}.lr must be a number > 0")
@@ -373,11 +400,11 @@ def validate(config: dict[str, Any]) -> None:
         _check(stage["schedule"] in SCHEDULES,
                f"stages.{name}.schedule must be one of {list(SCHEDULES)}, got {stage['schedule']!r}")
         _check(_is_int(stage["warmup_steps"]), f"stages.{name}.warmup_steps must be an integer >= 0")
-    for name in STAGES:
+    for name in stages:
         problem = STAGE_TYPES[name].check_config(config["stages"][name], config)
         _check(problem is None, problem or "")
-    _check(any(config["stages"][s]["steps"] for s in STAGES),
-           "every stage has steps: 0; nothing to train (set stages.<transfer|distill|lora|full>.steps)")
+    _check(any(config["stages"][s]["steps"] for s in stages),
+           f"every stage has steps: 0; nothing to train (set stages.<{'|'.join(stages)}>.steps)")
 
 
 def dump_config(config: dict[str, Any], path: str | os.PathLike) -> None:

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .config import STAGES
+from .config import configured_stages
 from .tasks import TASK_TYPES
 
 CARD_FILE = "README.md"
@@ -57,7 +57,7 @@ def render_card(config: dict[str, Any], kernel_attention: dict[str, Any] | None,
     kernel = config["kernel"]
     kattn = kernel_attention or {"kernel": kernel, "params": config["kernel_params"]}
     stage_lines = []
-    for stage in STAGES:
+    for stage in configured_stages(config):
         cfg = config["stages"][stage]
         if cfg["steps"]:
             extra = {k: cfg[k] for k in ("temperature", "ce_weight", "train", "r", "alpha") if k in cfg}

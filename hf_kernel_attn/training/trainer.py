@@ -51,7 +51,7 @@ from ..integration.modules import attention_modules, num_attention_layers
 from ..integration.swap import patch
 from . import checkpoint as ckpt
 from . import sharding
-from .config import STAGES, dump_config
+from .config import configured_stages, dump_config
 from .data import BatchPlan, PlanBatches, SampleIndex, check_training_data
 from .events import reached
 from .hub import push_folder
@@ -101,7 +101,7 @@ class Trainer:
         self.main = self.accelerator.is_main_process
         self.task = config["task"]
         self.task_impl = TASK_TYPES[self.task](self)  # tasks/<name>.py: data, batches, loss, held-out score
-        self.stages = {name: STAGE_TYPES[name](self) for name in STAGES}  # stages/<name>.py
+        self.stages = {name: STAGE_TYPES[name](self) for name in configured_stages(config)}  # stages/<name>.py
         self.accelerate_fsdp = self.accelerator.distributed_type == DistributedType.FSDP
         self.sharded = False  # true while the full stage runs sharded (FSDP2)
         self.net: torch.nn.Module | None = None  # the model a training step runs: the prepared (wrapped) model
@@ -477,7 +477,7 @@ class Trainer:
         self.task_impl.before_training()
         self.t0 = time.perf_counter() - state["seconds"]
         self.cpu0 = time.process_time() - state.get("cpu_seconds", 0.0)
-        active = [s for s in STAGES if cfg["stages"][s]["steps"] > 0]
+        active = [s for s in configured_stages(cfg) if cfg["stages"][s]["steps"] > 0]
         if self.accelerate_fsdp and active != ["full"]:
             raise ValueError(f"accelerate's FSDP shards the model once and for good, so it runs the full stage alone "
                              f"here; this run's stages are {active}: set the other stages' steps to 0 (or run them "

@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+from ...registry import Registry
+
 DEFAULT_LENGTHS = (512, 1024, 2048, 4096, 8192)
 DEFAULT_DEPTHS = (0, 25, 50, 75, 100)
 DEFAULT_SAMPLES = 20
@@ -102,12 +104,13 @@ class LongContextTask:
         raise NotImplementedError
 
 
-TASKS: dict[str, LongContextTask] = {}
+TASKS: Registry[LongContextTask] = Registry("long-context task", LongContextTask, instances=True)
 
 
 def register_task(cls: type[LongContextTask]) -> type[LongContextTask]:
-    """Class decorator: add a long-context task to the registry under ``cls.name``."""
-    if cls.name in TASKS:
-        raise ValueError(f"a long-context task named {cls.name!r} is already registered")
-    TASKS[cls.name] = cls()
+    """Class decorator: add an instance of ``cls`` to the registry under ``cls.name``. The same class again is
+    fine; another class under a taken name is a ValueError (:class:`hf_kernel_attn.registry.Registry`)."""
+    if not (isinstance(cls, type) and issubclass(cls, LongContextTask)):
+        raise TypeError(f"register_task takes a subclass of LongContextTask, got {cls!r}")
+    TASKS.register(cls.name, cls())
     return cls

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ...registry import Registry
+
 if TYPE_CHECKING:
     from ..trainer import Trainer
 
-STAGE_TYPES: dict[str, type[TrainingStage]] = {}
 TRAINS = ("kernel", "lora", "full")  # what a stage can train
 # every stage's keys (a stage adds its own in `defaults`)
 COMMON_DEFAULTS: dict[str, Any] = {"steps": 0, "lr": 1e-3, "max_minutes": None, "warmup_steps": 0,
@@ -19,10 +20,13 @@ LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.0, "target_mo
 
 
 def register_stage(cls: type[TrainingStage]) -> type[TrainingStage]:
-    """Class decorator: make ``cls`` the stage ``stages.<cls.name>`` of a finetune config, run in ``order``."""
+    """Class decorator: make ``cls`` the stage ``stages.<cls.name>`` of a finetune config, run in ``order``. The
+    same class again is fine; another class under a taken name is a ValueError
+    (:class:`hf_kernel_attn.registry.Registry`). A stage of one's own: register it in a module that the config's
+    ``imports:`` names; its keys join the config when the config is read."""
     if not getattr(cls, "name", None):
-        raise ValueError(f"{cls.__name__} needs a class attribute `name`")
-    STAGE_TYPES[cls.name] = cls
+        raise ValueError(f"{getattr(cls, '__name__', repr(cls))} needs a class attribute `name`")
+    STAGE_TYPES.register(cls.name, cls)
     return cls
 
 
@@ -70,3 +74,6 @@ class TrainingStage:
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
         raise NotImplementedError
+
+
+STAGE_TYPES: Registry[type[TrainingStage]] = Registry("training stage", TrainingStage)

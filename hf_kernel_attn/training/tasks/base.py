@@ -8,17 +8,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ...registry import Registry
+
 if TYPE_CHECKING:  # the trainer drives a task; a task only reads the trainer's model, tokenizer and config
     from ..trainer import Trainer
 
-TASK_TYPES: dict[str, type[TrainingTask]] = {}
 
 
 def register_task(cls: type[TrainingTask]) -> type[TrainingTask]:
-    """Class decorator: make ``cls`` the task named ``cls.name`` (``task:`` in a finetune config)."""
+    """Class decorator: make ``cls`` the task named ``cls.name`` (``task:`` in a finetune config). The same class
+    again is fine; another class under a taken name is a ValueError (:class:`hf_kernel_attn.registry.Registry`)."""
     if not getattr(cls, "name", None):
-        raise ValueError(f"{cls.__name__} needs a class attribute `name`")
-    TASK_TYPES[cls.name] = cls
+        raise ValueError(f"{getattr(cls, '__name__', repr(cls))} needs a class attribute `name`")
+    TASK_TYPES.register(cls.name, cls)
     return cls
 
 
@@ -81,3 +83,6 @@ class TrainingTask:
     def inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
         """The model inputs of ``batch``."""
         return {k: v for k, v in batch.items() if k not in self.extra_keys and k != "num_tokens"}
+
+
+TASK_TYPES: Registry[type[TrainingTask]] = Registry("training task", TrainingTask)
