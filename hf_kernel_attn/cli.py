@@ -430,7 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--tasks", nargs="+", required=True,
                     help="wikitext2 ptb tinyshakespeare | lambada_openai arc_easy arc_challenge piqa boolq copa "
                          "openbookqa (through lm-eval) | sst2 mrpc rte cola stsb | stsb_embedding | "
-                         "passkey niah kv_recall position_loss (long context)")
+                         "passkey niah kv_recall position_loss (long context) | a task of your own, registered by a "
+                         "--import module (hf_kernel_attn.evaluation.tasks.register_eval_task)")
     ev.add_argument("--data-dir", default=None, help="local data laid out as in EVAL_SPLITS.md (default: the hub)")
     ev.add_argument("--split", default="validation", choices=["validation", "test"])
     ev.add_argument("--limit", type=_positive_int, default=None, help="first N examples (perplexity: first N windows)")
@@ -560,12 +561,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     modules, argv = split_imports(argv)
     trusted, argv = split_trust(argv)
+    if os.getcwd() not in sys.path:  # --import and a config's imports: find modules in the working directory, as
+        sys.path.append(os.getcwd())  # `python -m` does
     if modules:
         import hf_kernel_attn  # noqa: F401  (registers the built-in kernels first)
         from hf_kernel_attn.kernels import import_modules
-
-        if os.getcwd() not in sys.path:  # --import finds modules in the working directory, as `python -m` does
-            sys.path.append(os.getcwd())
 
         try:
             import_modules(modules, trust_remote_code=trusted)

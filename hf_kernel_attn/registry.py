@@ -2,8 +2,9 @@
 long-context tasks, training tasks, training stages).
 
 * registering the same object again under its name is a no-op; so is registering the same *definition* again
-  (an object with the same ``module:qualname``: a module executed twice, by ``importlib.reload`` or a notebook
-  cell run again), which replaces the old object with the new one;
+  (a class or function with the same ``module:qualname``: a module executed twice, by ``importlib.reload`` or a
+  notebook cell run again), which replaces the old object with the new one; two instances are never the same
+  definition;
 * a different object under a taken name is a ``ValueError`` naming the kind, the name and both objects;
 * an object that is not a subclass (or, for a registry of instances, an instance) of the registry's base class is
   a ``TypeError`` naming the base;
@@ -84,9 +85,12 @@ class Registry(Generic[T]):
         if old is _MISSING or old is obj:
             self._entries[name] = obj
             return obj
-        if describe(old) != describe(obj):
+        lazy = isinstance(old, str) or isinstance(obj, str)
+        definitions = all(isinstance(getattr(x, "__qualname__", None), str) for x in (old, obj))
+        if describe(old) != describe(obj) or not (lazy or definitions):  # two instances are two objects
+            theirs = describe(obj) if describe(old) != describe(obj) else f"another instance of {describe(obj)}"
             raise ValueError(f"{self.kind} {name!r} is already registered by {describe(old)}; cannot register "
-                             f"{describe(obj)} under the same name: choose another name")
+                             f"{theirs} under the same name: choose another name")
         if not isinstance(obj, str):  # the same definition again: the newer object (a lazy string keeps the old)
             self._entries[name] = obj
         return obj

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 22's comparison for one model, appended to docs/results/recall/NAME.jsonl: WikiText-2 perplexity (first
 # 40 windows of 512 tokens of wiki.valid.raw), ARC-Easy and LAMBADA (first 200 examples of the development
-# files) from ../shared/data, and, unless PASSKEY=0, the passkey at 1k, 2k and 4k tokens (5 depths x SAMPLES).
+# files) from ../shared/data, and, unless PASSKEY=0, the passkey at 1k, 2k and 4k tokens (5 depths x SAMPLES);
+# NIAH=1 adds the natural-text needle (niah, single key) at the same lengths. Long-context records carry the
+# decode cache bytes after the prompt and the decode ms/token.
 #   bash scripts/recall_eval.sh NAME MODEL_DIR [eval options, e.g. --kernel softmax --param window=64]
 # One torch thread (run two at once on two cores).
 set -euo pipefail
@@ -15,4 +17,8 @@ hf-kernel-attn eval --model "$model" "$@" --tasks arc_easy lambada_openai --limi
 if [ "${PASSKEY:-1}" != 0 ]; then
   hf-kernel-attn eval --model "$model" "$@" --tasks passkey --lengths 1024 2048 4096 --samples "${SAMPLES:-2}" \
     --threads 1 --output "$out"
+fi
+if [ "${NIAH:-0}" = 1 ]; then
+  hf-kernel-attn eval --model "$model" "$@" --tasks niah --lengths 1024 2048 4096 --samples "${SAMPLES:-2}" \
+    "${common[@]}"
 fi

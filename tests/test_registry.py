@@ -91,6 +91,12 @@ def test_base_class_check():
     instances: Registry[Base] = Registry("gadget", Base, instances=True)
     a = A()
     assert instances.register("a", a) is a
+    assert instances.register("a", a) is a  # the same instance again: fine
+    with pytest.raises(ValueError, match="gadget 'a' is already registered by tests.test_registry:A; cannot "
+                                         "register another instance of tests.test_registry:A"):
+        instances.register("a", A())  # another instance of the same class is a different object
+    reg.register("lazy", "tests.test_registry:A")
+    assert reg.register("lazy", "tests.test_registry:A") == "tests.test_registry:A"  # an equal lazy entry: fine
     with pytest.raises(TypeError, match="gadget 'b': expected an instance of tests.test_registry:Base"):
         instances.register("b", B)
     assert Registry("anything").register("n", 3) == 3  # no base: no check

@@ -30,9 +30,13 @@ import os
 import tempfile
 from typing import Any
 
-from ..evaluation.tasks import EMBEDDING_TASKS, GLUE_EVAL_TASKS, LM_EVAL_TASKS, LONG_CONTEXT_TASKS
+from ..data import GLUE_TASKS, load_glue
+from ..evaluation.lm_eval_tasks import local_task_dir
+from ..evaluation.task import LOWER_IS_BETTER, find_task
+from ..evaluation.tasks import EmbeddingTask, GlueEvalTask, LmEvalTask, LongContextEvalTask
 
-LOWER_IS_BETTER = {"perplexity", "bits_per_byte", "loss"}
+__all__ = ["LOWER_IS_BETTER", "Chance", "at_chance", "chance_level", "correlation_chance", "multiple_choice_chance"]
+
 NO_CHANCE_METRICS = LOWER_IS_BETTER  # no guessing level
 CORRELATIONS = {"spearman", "pearson"}
 OPEN_ANSWER_METRICS = {"exact_match"}  # long-context retrieval: the answer is generated, not chosen
@@ -85,13 +89,14 @@ def chance_level(task: str, metric: str, n: int | None, *, split: str = "validat
         return Chance(float(record["chance"]), float(record.get("stderr") or 0.0),
                       "the record's own chance level, ± its own standard error")
     n = int(n or 0)
-    if task in LONG_CONTEXT_TASKS:
+    obj = find_task(task)
+    if isinstance(obj, LongContextEvalTask):
         return Chance(0.0, 0.0, "an exact generated answer: 0") if metric in OPEN_ANSWER_METRICS else None
-    if task in EMBEDDING_TASKS or (task in GLUE_EVAL_TASKS and metric in CORRELATIONS):
+    if isinstance(obj, EmbeddingTask) or (isinstance(obj, GlueEvalTask) and metric in CORRELATIONS):
         return correlation_chance(n) if metric in CORRELATIONS and n > 1 else None
-    if task in GLUE_EVAL_TASKS:
-        return _glue_chance(task, metric, n, split, None if data_dir is None else str(data_dir))
-    if task in LM_EVAL_TASKS and n > 0:
+    if isinstance(obj, GlueEvalTask):
+        return _glue_chance(obj.glue, metric, n, split, None if data_dir is None else str(data_dir))
+    if isinstance(obj, LmEvalTask) and n > 0:
         try:
             kind, choices = _lm_eval_choices(task, split, None if data_dir is None else str(data_dir), n)
         except Exception:  # lm-eval missing, the data unreadable: no chance level (the cell shows its ratio)
@@ -110,8 +115,6 @@ def _lm_eval_choices(task: str, split: str, data_dir: str | None, n: int) -> tup
 
     with tempfile.TemporaryDirectory() as tmp:
         if data_dir is not None:
-            from ..evaluation.lm_eval_tasks import local_task_dir
-
             manager = TaskManager(include_path=str(local_task_dir([task], data_dir, split, tmp)),
                                   include_defaults=False)
         else:
@@ -124,8 +127,6 @@ def _lm_eval_choices(task: str, split: str, data_dir: str | None, n: int) -> tup
 
 
 def _glue_chance(task: str, metric: str, n: int, split: str, data_dir: str | None) -> Chance | None:
-    from ..data import GLUE_TASKS
-
     spec = GLUE_TASKS[task]
     k = spec.num_labels
     if n < 1 or spec.is_regression:
@@ -146,8 +147,6 @@ def _glue_chance(task: str, metric: str, n: int, split: str, data_dir: str | Non
 
 @functools.lru_cache(maxsize=16)
 def _glue_labels(task: str, split: str, data_dir: str | None) -> list[int]:
-    from ..data import load_glue
-
     return [int(r.label) for r in load_glue(task, split, data_dir)]
 
 

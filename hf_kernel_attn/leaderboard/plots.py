@@ -11,8 +11,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..evaluation.task import lower_is_better
 from ..kernels import is_softmax
-from .chance import LOWER_IS_BETTER, Chance, at_chance
+from .chance import Chance, at_chance
 
 HEAT_RANGE = 3.0  # the heat map's colour scale: log2 ratios in [-3, 3] (1/8x ... 8x softmax)
 CHANCE_FACE, CHANCE_EDGE, CHANCE_HATCH = "#d9d9d9", "#8c8c8c", "///"
@@ -37,9 +38,9 @@ def heat_grid(rows: Sequence[tuple[str, str]], columns: Sequence[str], cell: Map
               chances: Mapping[Key, Chance | None]):
     """``(ratios, at_chance)``, both ``[len(rows), len(columns)]``. A cell at or below its chance level
     (:func:`.chance.at_chance`) is True in ``at_chance`` and NaN in ``ratios``; any other cell is its score
-    over the same model's softmax score (perplexity and losses inverted: > 1 is better), or over the first
-    softmax row of that column for a model without one (a converted model's own row); NaN without a score or a
-    baseline."""
+    over the same model's softmax score (inverted where lower is better, e.g. perplexity and losses: > 1 is
+    better), or over the first softmax row of that column for a model without one (a converted model's own row);
+    NaN without a score or a baseline."""
     import numpy as np
 
     ratios = np.full((len(rows), len(columns)), np.nan)
@@ -61,7 +62,7 @@ def heat_grid(rows: Sequence[tuple[str, str]], columns: Sequence[str], cell: Map
             if base is None or not base["value"]:
                 continue
             ratio = r["value"] / base["value"]
-            ratios[i, j] = 1 / ratio if r["metric"] in LOWER_IS_BETTER else ratio
+            ratios[i, j] = 1 / ratio if lower_is_better(r.get("task", t), r["metric"]) else ratio
     return ratios, chance
 
 
@@ -166,12 +167,12 @@ def speed_figure(rows: Sequence[tuple[str, str]], columns: Sequence[str], cell: 
             continue
         points = [(key, ratio[key], key[1], False) for key in timed]
         points += [(row, ratio[base], base[1], True) for row, base in extra]
-        metric = ""
+        metric, lower = "", False
         for key, x, kernel, hollow in points:
             r = cell.get((*key, column))
             if r is None:
                 continue
-            metric = r["metric"]
+            metric, lower = r["metric"], lower_is_better(r.get("task", column), r["metric"])
             ax.scatter(x, r["value"], s=46, marker=marker[kernel], color=colour[kernel],
                        facecolors="none" if hollow else colour[kernel], linewidths=1.5, zorder=3)
             ax.annotate(key[0] if hollow else kernel, (x, r["value"]), fontsize=7, xytext=(4, 3),
@@ -182,7 +183,7 @@ def speed_figure(rows: Sequence[tuple[str, str]], columns: Sequence[str], cell: 
             chance_drawn = True
         ax.axvline(1.0, color="k", lw=0.8, ls="--")
         ax.set_xlabel(f"forward time / softmax's (batch 1, {length} tokens)")
-        better = "lower" if metric in LOWER_IS_BETTER else "higher"
+        better = "lower" if lower else "higher"
         ax.set_ylabel(f"{column} {metric} ({better} is better)")
         if metric == "perplexity":
             ax.set_yscale("log")

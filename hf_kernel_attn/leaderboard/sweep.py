@@ -65,21 +65,17 @@ from typing import Any
 import torch
 
 from ..evaluation.runner import ModelSpec, run_eval
-from ..evaluation.tasks import LONG_CONTEXT_TASKS, check_split, check_tasks
+from ..evaluation.task import TaskMap, find_task, main_metric
+from ..evaluation.tasks import check_split, check_tasks
 from ..kernels import KERNELS, import_modules, is_softmax
 from ..training.events import reached
-from .plots import HEAT_RANGE, LOWER_IS_BETTER, heat_values
+from .chance import LOWER_IS_BETTER
+from .plots import HEAT_RANGE, heat_values
 
 __all__ = ["HEAT_RANGE", "LOWER_IS_BETTER", "MAIN_METRIC", "heat_values", "heartbeat", "leaderboard",
            "load_leaderboard_config", "render", "run_leaderboard"]
 
-MAIN_METRIC = {
-    "wikitext2": "perplexity", "ptb": "perplexity", "tinyshakespeare": "perplexity", "lambada_openai": "acc",
-    "arc_easy": "acc_norm", "arc_challenge": "acc_norm", "piqa": "acc_norm", "boolq": "acc", "copa": "acc",
-    "openbookqa": "acc_norm", "sst2": "accuracy", "mrpc": "f1", "rte": "accuracy", "cola": "matthews_correlation",
-    "stsb": "spearman", "stsb_embedding": "spearman", "passkey": "exact_match", "niah": "exact_match",
-    "kv_recall": "exact_match", "position_loss": "loss",
-}
+MAIN_METRIC: TaskMap[str] = TaskMap(lambda t: t.main_metric)  # task -> its main metric (a live view)
 _MODEL_KEYS = {"name", "model", "gguf_file", "kernels", "kernel_params", "tasks", "finetune", "finetune_set",
                "layers", "lengths", "depths", "samples"}
 _LONG_KEYS = ("lengths", "depths", "samples")  # a model entry's own long-context grid (default: the top level's)
@@ -411,7 +407,7 @@ def _evaluate_row(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: lis
         except Exception as exc:
             emit("error", m, kernel, error(task, exc))
             continue
-        main = [r for r in records if r["metric"] == MAIN_METRIC.get(task)]
+        main = [r for r in records if r["metric"] == main_metric(task)]
         score = f"{main[0]['metric']} {main[0]['value']:.4g}" if len(main) == 1 else f"{len(records)} records"
         print(f"{label}: {score} in {_duration(time.perf_counter() - start)}", flush=True)
         emit("cell", m, kernel, records)
@@ -549,22 +545,21 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
         for t in m["tasks"]:
             if t not in columns:
                 columns.append(t)
-    columns = [c for t in columns for c in (_long_columns(t, cfg) if t in LONG_CONTEXT_TASKS else [t])]
+    columns = [c for t in columns for c in _columns(t, cfg)]
     cell: dict[tuple[str, str, str], dict[str, Any]] = {}
     long_cells: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in records:
-        if r["split"] != split or r["metric"] != MAIN_METRIC.get(r["task"], r["metric"]):
+        if r["split"] != split or r["metric"] != (main_metric(r["task"]) or r["metric"]):
             continue
-        if r["task"] in LONG_CONTEXT_TASKS:
+        if _by_length(r["task"]):
             long_cells.setdefault((r["model_name"], r["kernel_row"], f"{r['task']}@{r['length']}"), []).append(r)
         else:
             cell[(r["model_name"], r["kernel_row"], r["task"])] = r
     for key, group in long_cells.items():
         cell[key] = {**group[0], "value": sum(g["value"] for g in group) / len(group), "stderr": None,
                      "n": sum(g["n"] for g in group)}
-    failed = {(e["model_name"], e["kernel_row"], c): e["error"] for e in errors
-              for c in (_long_columns(e["task"], cfg) if e["task"] in LONG_CONTEXT_TASKS else [e["task"]])}
-    header = ["model", "kernel"] + [f"{t} ({MAIN_METRIC.get(t.split('@')[0], '?')})" for t in columns]
+    failed = {(e["model_name"], e["kernel_row"], c): e["error"] for e in errors for c in _columns(e["task"], cfg)}
+    header = ["model", "kernel"] + [f"{t} ({main_metric(t.split('@')[0]) or '?'})" for t in columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     csv_rows = [["model", "kernel", "task", "metric", "value", "stderr", "n", "split"]]
     for name, kernel in rows:
@@ -591,7 +586,7 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
     with open(out / "leaderboard.csv", "w", newline="") as f:
         csv.writer(f).writerows(csv_rows)
     _plots(cfg, out, rows, columns, cell, chances, _read_jsonl(out / SPEED_FILE))
-    long_records = [r for r in records if r["split"] == split and r["task"] in LONG_CONTEXT_TASKS]
+    long_records = [r for r in records if r["split"] == split and _by_length(r["task"])]
     if long_records:
         try:
             from ..evaluation.long_context.plots import plot_long_context
@@ -600,6 +595,17 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
         except ImportError:
             pass
     return {"rows": rows, "columns": columns, "markdown": "\n".join(lines)}
+
+
+def _by_length(task: str) -> bool:
+    """Whether ``task``'s records are per (length, depth) cell (a registered task that says so)."""
+    obj = find_task(task)
+    return obj is not None and obj.by_length
+
+
+def _columns(task: str, cfg: dict[str, Any]) -> list[str]:
+    """The table columns of ``task``: itself, or one per length for a task scored per length."""
+    return _long_columns(task, cfg) if _by_length(task) else [task]
 
 
 def _long_columns(task: str, cfg: dict[str, Any]) -> list[str]:

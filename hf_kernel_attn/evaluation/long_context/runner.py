@@ -13,7 +13,8 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from ...integration.cache import cache_bytes, new_cache
-from ..tasks import accuracy_stderr, read_text_task
+from ..families.text import read_text_task
+from ..task import accuracy_stderr
 from .base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES, TASKS, Sample, exact_match, first_number
 from .position_loss import buckets
 
