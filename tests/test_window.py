@@ -36,6 +36,8 @@ def make(name, window_size, hq=4, hkv=2, mix=True, chunk_size=16, dtype=torch.fl
     with torch.no_grad():
         if hasattr(kern, "window_log_mix"):
             kern.window_log_mix.copy_(torch.randn(kern.window_log_mix.shape, generator=gen))
+        if hasattr(kern, "memory_mix"):  # the delta kernels' λ_h, linear and starting at 0
+            kern.memory_mix.copy_(torch.rand(kern.memory_mix.shape, generator=gen) + 0.5)
         if name in ("hedgehog", "gla"):
             for w in (kern.weight_q, kern.weight_k):
                 w.add_(0.5 * torch.randn(w.shape, generator=gen))
@@ -114,7 +116,8 @@ def test_gradients_match_brute_force(name, causal):
     rows = ref.real_queries(2, 40, 40, causal, mask)
     gout = torch.randn(2, 40, 4, DV, dtype=torch.float64) * rows[:, :, None, None]
     params = [p for p in kern.parameters() if p.requires_grad]
-    assert any(p is kern.window_log_mix for p in params)
+    mix = kern.memory_mix if hasattr(kern, "memory_mix") else kern.window_log_mix
+    assert any(p is mix for p in params)
     got = torch.autograd.grad((kern(q, k, v, key_mask=mask, causal=causal, scaling=SCALING) * gout).sum(),
                               [q, k, v, *params])
     want = torch.autograd.grad((ref.reference(kern, q, k, v, key_mask=mask, causal=causal, scaling=SCALING)

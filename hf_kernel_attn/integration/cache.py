@@ -128,7 +128,8 @@ class RecurrentStateLayer(DynamicLayer):
         if self.state is not None:
             sinks = None if self.state.sinks is None else self.state.sinks.map(fn)
             exact = None if self.state.exact is None else self.state.exact.map(fn)
-            self.state = LinearState(fn(self.state.S), fn(self.state.z), sinks, exact)
+            sparse = None if self.state.sparse is None else self.state.sparse.map(fn)
+            self.state = LinearState(fn(self.state.S), fn(self.state.z), sinks, exact, sparse)
         if self.window_keys is not None:
             self.window_keys, self.window_values = fn(self.window_keys), fn(self.window_values)
 
@@ -142,11 +143,13 @@ class RecurrentStateLayer(DynamicLayer):
         self._map_state(lambda t: t[indices])
 
     def nbytes(self) -> int:
-        """The state plus the window's K/V (at most W - 1 positions) and the sinks: constant in the context; plus,
-        with ``softmax_heads``, every key/value of their KV heads."""
+        """The state plus the window's K/V (at most W - 1 positions), the sinks and a sparse cache's slots: constant in
+        the context; plus, with ``softmax_heads``, every key/value of their KV heads."""
         total = 0 if self.state is None else _bytes(self.state.S, self.state.z)
         if self.state is not None and self.state.sinks is not None:
             total += _bytes(*self.state.sinks.tensors())
+        if self.state is not None and self.state.sparse is not None:  # fixed slots: constant too
+            total += _bytes(*self.state.sparse.tensors())
         if self.state is not None and self.state.exact is not None:  # grows with the context
             total += _bytes(*self.state.exact.tensors())
         if self.window_keys is not None:

@@ -118,6 +118,7 @@ class GatedDeltaNetOptions(DeltaNetOptions):
 
 class DeltaNetKernel(LinearKernel):
     """DeltaNet: the delta rule on L2-normalised φ(q), φ(k) with a learnable write strength β_t (module docstring)."""
+    supports_sparse_cache: ClassVar[bool] = False  # a delta-rule state cannot give a pair back
 
     name = "deltanet"
     kind: ClassVar[str] = "delta"

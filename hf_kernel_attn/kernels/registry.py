@@ -51,6 +51,11 @@ def causal_only_kernels() -> list[str]:
     return sorted(n for n, c in KERNELS.items() if not c.supports_bidirectional)
 
 
+def sparse_cache_kernels() -> list[str]:
+    """Names of the registered kernels whose option ``sparse_cache`` works (feature maps without a decay)."""
+    return sorted(n for n, c in KERNELS.items() if getattr(c, "supports_sparse_cache", False))
+
+
 def kernel_class(name: str) -> type[Kernel]:
     """The class registered as ``name``; an :class:`~hf_kernel_attn.registry.UnknownNameError` (a ValueError)
     listing the kernels otherwise."""

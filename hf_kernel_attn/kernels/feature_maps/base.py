@@ -40,8 +40,10 @@ from ..linear.gated import (
     gated_linear,
     per_feature,
 )
+from ..linear.sparse_cache import sparse_window
 from ..linear.state import LinearState, with_ones
 from ..linear.window import hybrid_attention, update_sinks
+from ..registry import sparse_cache_kernels
 
 
 @dataclasses.dataclass
@@ -56,6 +58,10 @@ class LinearOptions(KernelOptions):
     sinks: int = option(0, "S > 0 (needs a window): the first S real tokens join the softmax part (StreamingLLM)")
     softmax_heads: list[int] = option(default_factory=list, help="query heads of each layer kept as exact softmax "
                                                                  "attention")
+    sparse_cache: int = option(0, "C > 0 (needs a window; causal): per KV head, the C older key-value pairs the "
+                                  "state reproduces worst are kept and attended exactly (a bounded sparse cache, LoLA)")
+    sparse_block: int = option(16, "with sparse_cache: the keys that left the window are scored every this many "
+                                   "positions (decoding keeps at most this many of them besides the cache)")
 
     def validate(self) -> None:
         positive("eps", self.eps, allow_none=False)
@@ -73,6 +79,13 @@ class LinearOptions(KernelOptions):
         if self.sinks and not self.window:
             raise ValueError(f"sinks={self.sinks} needs a window > 0 (sinks join the softmax window of the hybrid); "
                              "set window=W as well, or sinks=0")
+        for name in ("sparse_cache", "sparse_block"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "sparse_cache" else 1):
+                raise ValueError(f"{name} must be an integer >= {0 if name == 'sparse_cache' else 1}, got {value!r}")
+        if self.sparse_cache and not self.window:
+            raise ValueError(f"sparse_cache={self.sparse_cache} needs a window > 0 (the cache holds pairs that left "
+                             "the softmax window); set window=W as well, or sparse_cache=0")
         heads = self.softmax_heads
         if isinstance(heads, tuple):
             self.softmax_heads = heads = list(heads)
@@ -103,6 +116,9 @@ class LinearKernel(Kernel):
     # a diagnostic switch, not an option (never saved): True drops the feature-map part of a windowed hybrid,
     # leaving softmax over the window alone (integration/branches.py)
     linear_branch_off: bool = False
+    # whether the option sparse_cache works: the state must give a pair back exactly when it leaves the cache
+    # (no decay) and φ(k) must not depend on the position (the cache keeps keys, not features)
+    supports_sparse_cache: ClassVar[bool] = True
 
     def __init__(self, shape: LayerShape, options: LinearOptions) -> None:
         super().__init__(shape, options)
@@ -112,6 +128,10 @@ class LinearKernel(Kernel):
                              f"{shape.num_heads} query heads (valid 0..{shape.num_heads - 1})")
         if options.window_mix:
             self.window_log_mix = nn.Parameter(torch.zeros(shape.num_heads))  # ln λ_h per query head
+        if options.sparse_cache and not self.supports_sparse_cache:
+            raise ValueError(f"{self.name}: sparse_cache={options.sparse_cache} is not supported by this kernel (its "
+                             f"state has a decay or its φ depends on the position); kernels that support it: "
+                             f"{', '.join(sparse_cache_kernels())}")
 
     def reset_parameters(self) -> None:
         """Subclasses with parameters of their own call this too."""
@@ -329,6 +349,8 @@ class LinearKernel(Kernel):
         sinks = None
         if self.options.sinks:
             sinks = update_sinks(k, v, key_mask, self.options.sinks, offset, None if state is None else state.sinks)
+        if self.options.sparse_cache:
+            return self._windowed_sparse(q, k, v, fq, fk, key_mask, causal, scaling, state, offset, log_mix, sinks)
         if self.is_gated:
             out, new_state = gated_hybrid(
                 group_queries(q, hkv), k, v, fq, fk, self.gates(k, scaling), window=self.window, scaling=scaling,
@@ -345,6 +367,35 @@ class LinearKernel(Kernel):
         if new_state is not None and sinks is not None:
             new_state = linear.LinearState(new_state.S, new_state.z, sinks)
         return out, new_state
+
+    def _windowed_sparse(self, q, k, v, fq, fk, key_mask, causal, scaling, state, offset, log_mix, sinks):
+        """The hybrid with its bounded sparse cache (:func:`..linear.sparse_cache.sparse_window`): the plain hybrid's
+        sums from a state without the cache, corrected for the pairs the cache holds."""
+        if not causal:
+            raise ValueError(f"{self.name}: sparse_cache is causal only (the cache holds pairs that left a causal "
+                             "window); use sparse_cache=0 for bidirectional attention")
+        hkv = k.shape[1]
+        gq = group_queries(q, hkv)
+        raw, top = hybrid_attention(gq, k, v, fq, fk, window=self.window, scaling=scaling, causal=True,
+                                    key_mask=key_mask, state=state, log_mix=log_mix,
+                                    chunk_size=self.options.chunk_size, sinks=sinks, offset=offset, raw=True,
+                                    blocked=not self._needs_grad(q, k, v, state))
+        b, m = k.shape[0], k.shape[-2]
+        lin_w = torch.ones(b, m, dtype=torch.bool, device=k.device) if key_mask is None else key_mask.to(torch.bool)
+        if sinks is not None:
+            kpos = torch.arange(offset, offset + m, device=k.device)
+            lin_w = lin_w & ~((kpos[None, :, None] == sinks.pos[:, None, :]) & sinks.valid[:, None, :]).any(-1)
+        zero = torch.zeros(1, device=k.device, dtype=torch.long)
+
+        def key_features(keys: torch.Tensor) -> torch.Tensor:
+            return self.feature_k(dense(keys), zero.expand(keys.shape[-2]), scaling).to(raw.dtype)
+
+        out, s, cache = sparse_window(
+            raw, top, accum(gq), fq, accum(k), accum(v), fk, lin_w, state, None if state is None else state.sparse,
+            key_features, window=self.window, capacity=self.options.sparse_cache, block=self.options.sparse_block,
+            scaling=scaling, offset=offset, mix=None if log_mix is None else log_mix.exp(), eps=self.options.eps)
+        dv = v.shape[-1]
+        return ungroup_output(out).to(q.dtype), linear.LinearState(s[..., :dv], s[..., dv], sinks, sparse=cache)
 
     def branch_log_mix(self, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
         """ln λ ``[Hkv, G]`` of the windowed hybrid's feature-map part: the learnable factor (``window_mix``),

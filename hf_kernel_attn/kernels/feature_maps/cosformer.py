@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import torch
 
@@ -27,6 +28,7 @@ class CosformerKernel(LinearKernel):
     """φ(x_i) = [ReLU(x_i) sin θ_i, ReLU(x_i) cos θ_i], θ_i = (π/2) i / M, so that
     φ(q_i)·φ(k_j) = ReLU(q_i)·ReLU(k_j) cos(π/2 (i - j)/M) (Qin et al., ICLR 2022, cosFormer).
     M is fixed (not the current length) so prefill and decoding agree; keep contexts below M."""
+    supports_sparse_cache: ClassVar[bool] = False  # φ depends on the position
 
     name = "cosformer"
     options_cls = CosformerOptions

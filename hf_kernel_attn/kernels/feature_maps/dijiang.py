@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import torch
 
@@ -46,6 +47,7 @@ class DijiangKernel(LinearKernel):
     Kept normalised (Σ γ^(i-j) φq·φk v / Σ γ^(i-j) φq·φk) so it is a drop-in for softmax; the decay is
     per KV head so that grouped query heads share one state, and runs as the constant gate log γ_h of the gated
     engine. Bidirectional use weighs γ^|i-j|."""
+    supports_sparse_cache: ClassVar[bool] = False  # a decayed state cannot give a pair back exactly
 
     name = "dijiang"
     options_cls = DijiangOptions

@@ -109,6 +109,7 @@ def reset_low_rank_gate(down: torch.Tensor, up: torch.Tensor, bias: torch.Tensor
 class GatedKernel(LinearKernel):
     """φ(q)·φ(k) weighted by e^{b_i - b_j} (b the running sum of log α) instead of a fixed decay; see
     :mod:`.gated` for the forms."""
+    supports_sparse_cache: ClassVar[bool] = False  # a decayed state cannot give a pair back exactly
 
     kind: ClassVar[str] = "gated"
     options_cls = GatedOptions

@@ -13,6 +13,7 @@ tensors, no kernel classes; those are in :mod:`..feature_maps`):
 * :mod:`.bidirectional` — :func:`bidirectional`: O(N), one global state;
 * :mod:`.cost` — the form-choice cost model: which evaluation order, what block sizes;
 * :mod:`.window` — the sliding-window hybrid: exact softmax over the last W keys, the feature map beyond;
+* :mod:`.sparse_cache` — the hybrid's bounded sparse cache: the C older pairs the state reproduces worst, exact;
 * :mod:`.gated` — gated linear attention (a decay per token, per head or per feature): every form above and the
   window hybrid, with gates.
 
@@ -26,9 +27,11 @@ from . import cost
 from .bidirectional import bidirectional
 from .chunk import DEFAULT_CHUNK, CausalScan, ClosedForm, causal_chunked, chunk_mask, scan
 from .recurrent import accumulate
-from .state import ExactKV, LinearState, SinkSet, normalize, normalized_output, query_rows, with_ones
+from .sparse_cache import recall_error, sparse_window
+from .state import ExactKV, LinearState, SinkSet, SparseCache, normalize, normalized_output, query_rows, with_ones
 from .window import branch_normalisers, chunk_length, hybrid_attention, update_sinks
 
-__all__ = ["DEFAULT_CHUNK", "CausalScan", "ClosedForm", "ExactKV", "LinearState", "SinkSet",
+__all__ = ["DEFAULT_CHUNK", "CausalScan", "ClosedForm", "ExactKV", "LinearState", "SinkSet", "SparseCache",
            "accumulate", "bidirectional", "branch_normalisers", "causal_chunked", "chunk_length", "chunk_mask", "cost",
-           "hybrid_attention", "normalize", "normalized_output", "query_rows", "scan", "update_sinks", "with_ones"]
+           "hybrid_attention", "normalize", "normalized_output", "query_rows", "recall_error", "scan", "sparse_window",
+           "update_sinks", "with_ones"]

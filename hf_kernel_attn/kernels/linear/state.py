@@ -4,7 +4,8 @@
 
 over the t keys seen so far (w_tj = 1, or the gates' decay e^{b_t - b_j} per feature, :mod:`.gated`, the state then
 decayed to the last key it holds). ``S`` ``[B, Hkv, F, Dv]`` and ``z`` ``[B, Hkv, F]``; a windowed hybrid's sinks
-(:class:`SinkSet`) and a per-head hybrid's exact K/V (:class:`ExactKV`) ride along. The denominator rides along
+(:class:`SinkSet`), a per-head hybrid's exact K/V (:class:`ExactKV`) and a bounded sparse cache
+(:class:`SparseCache`) ride along. The denominator rides along
 as an extra all-ones value column (:func:`with_ones`), so one matmul gives both.
 """
 
@@ -40,6 +41,42 @@ class SinkSet:
 
 
 @dataclasses.dataclass
+class SparseCache:
+    """The cache (``keys`` ``[B, Hkv, C, D]``, ``values`` ``[B, Hkv, C, Dv]``, absolute ``pos`` ``[B, Hkv, C]``,
+    ``valid`` ``[B, Hkv, C]``: slot filled) and the pending keys, folded into the state since the last boundary and
+    scored at the next one (``pending_keys`` ``[B, Hkv, P, D]``, ``pending_values``, slot = position mod P,
+    ``pending_pos`` ``[P]``, ``pending_ok`` ``[B, P]``: a real, non-sink key in that slot)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    pos: torch.Tensor
+    valid: torch.Tensor
+    pending_keys: torch.Tensor
+    pending_values: torch.Tensor
+    pending_pos: torch.Tensor
+    pending_ok: torch.Tensor
+
+    @classmethod
+    def empty(cls, k: torch.Tensor, v: torch.Tensor, capacity: int, block: int) -> SparseCache:
+        b, h, _, d = k.shape
+        dv = v.shape[-1]
+        long = dict(dtype=torch.long, device=k.device)
+        flag = dict(dtype=torch.bool, device=k.device)
+        return cls(k.new_zeros(b, h, capacity, d), v.new_zeros(b, h, capacity, dv), torch.zeros(b, h, capacity, **long),
+                   torch.zeros(b, h, capacity, **flag), k.new_zeros(b, h, block, d), v.new_zeros(b, h, block, dv),
+                   torch.full((block,), -1, **long), torch.zeros(b, block, **flag))
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> SparseCache:
+        """The same cache with ``fn`` applied to every per-row tensor (beam reorder, batch select)."""
+        return SparseCache(fn(self.keys), fn(self.values), fn(self.pos), fn(self.valid), fn(self.pending_keys),
+                           fn(self.pending_values), self.pending_pos, fn(self.pending_ok))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.keys, self.values, self.pos, self.valid, self.pending_keys, self.pending_values,
+                self.pending_pos, self.pending_ok)
+
+
+@dataclasses.dataclass
 class ExactKV:
     """Every key/value seen so far of the KV heads that a layer's exact-softmax heads read (``keys``
     ``[B, Hs, T, D]``, ``values`` ``[B, Hs, T, Dv]``, ``real`` ``[B, T]``): the part of a per-head hybrid's cache
@@ -59,12 +96,14 @@ class ExactKV:
 @dataclasses.dataclass
 class LinearState:
     """Σ_j w_tj φ(k_j) v_jᵀ and Σ_j w_tj φ(k_j) over the t keys seen so far (the sinks of a
-    sinks + window hybrid excluded; they ride along in ``sinks``, and the exact heads' K/V in ``exact``)."""
+    sinks + window hybrid excluded; they ride along in ``sinks``, the exact heads' K/V in ``exact``, the pairs of a
+    bounded sparse cache in ``sparse``)."""
 
     S: torch.Tensor
     z: torch.Tensor
     sinks: SinkSet | None = None
     exact: ExactKV | None = None  # per-head hybrids: the K/V of the exact-softmax heads' KV heads
+    sparse: SparseCache | None = None  # a window hybrid's bounded sparse cache (.sparse_cache)
 
     @classmethod
     def zeros(cls, fk: torch.Tensor, dv: int) -> LinearState:

@@ -87,6 +87,7 @@ def hybrid_attention(
     blocked: bool = False,
     sinks: SinkSet | None = None,
     offset: int = 0,
+    raw: bool = False,
 ) -> tuple[torch.Tensor, LinearState | None]:
     """The hybrid of the module docstring for N queries at the last N of M key positions.
 
@@ -96,7 +97,9 @@ def hybrid_attention(
     ``need_state`` (causal), the state of every key that is outside the window of the next position
     (positions ≤ M - W), i.e. all but the last W - 1 keys. ``blocked`` bounds temporaries (no autograd).
     ``sinks`` (keys at absolute positions, k's first key at ``offset``): softmax keys for every query that can
-    see them, left out of the feature-map part (and the state).
+    see them, left out of the feature-map part (and the state). ``raw``: instead of the outputs, the unnormalised
+    sums ``[B, Hkv, G, N, Dv + 1]`` (numerator, denominator) scaled by e^{-m_i}, and m_i ``[B, Hkv, G, N, 1]``, in the
+    accumulation dtype (:mod:`.sparse_cache` adds its exact keys to them).
     """
     out_dtype = q.dtype
     q, k, v, fq, fk = accum(q), accum(k), accum(v), accum(fq), accum(fk)
@@ -224,8 +227,15 @@ def hybrid_attention(
             o = o + torch.exp(sink_logits - top) @ sink_v
         if hi > lo:
             o = o + ((fr @ fk_bands[:, :, c0:c1]) * weight_rows * far_scale) @ vb[..., lo:hi, :]
-        outs.append(o[..., :dv] / o[..., dv:].clamp_min(tiny))
+        if raw:
+            outs.append(torch.cat([o, top.expand(*o.shape[:-1], 1)], -1))
+        else:
+            outs.append(o[..., :dv] / o[..., dv:].clamp_min(tiny))
     o = outs[0] if len(outs) == 1 else torch.cat(outs, 2)
+    if raw:
+        sums = o.view(b, hkv, chunks, g, c, dv + 2).transpose(2, 3).reshape(b, hkv, g, padded, dv + 2)
+        sums = sums[:, :, :, prefix:prefix + n]
+        return sums[..., :dv + 1], sums[..., dv + 1:]
     out = o.view(b, hkv, chunks, g, c, dv).transpose(2, 3)
     res = ungroup_output(out.reshape(b, hkv, g, padded, dv)[:, :, :, prefix:prefix + n])
     res = res.to(out_dtype)

@@ -1,0 +1,155 @@
+"""A bounded sparse cache for the sliding-window hybrid: per KV head, up to C older key–value pairs that the
+linear state reproduces worst are attended exactly, next to the window and the sinks, under one normaliser
+(LoLA: McDermott et al. 2025, "LoLA: Low-Rank Linear Attention With Sparse Caching").
+
+The rule, the same in a prefill and in token-by-token decoding, and blind to any later token (question-agnostic):
+at every boundary position t (t > 0 a multiple of the block B), before query t is answered,
+
+    candidates  = the real, non-sink keys that left the window since the last boundary (t - B - W < j ≤ t - W)
+    pool        = cache ∪ candidates;   S', z' = the state of every other out-of-window key
+    score_j     = ‖v_j - S'ᵀφ(k_j) / max(z'·φ(k_j), eps)‖²   (self-recall error: what the state alone returns for k_j)
+    cache       ← the C pool pairs with the largest scores; the others are folded into the state.
+
+Query i then weighs e^{s q_i·k_j} over win(i) ∪ sinks ∪ cache(i) and λ_h φ(q_i)·φ(k_j) over every other key
+outside its window. Between boundaries a key leaving the window enters the state at once, so with C = 0 this is
+the plain hybrid of :mod:`.window`.
+
+Evaluation: the plain hybrid's unnormalised sums (``raw`` of :func:`.window.hybrid_attention`, from a state that
+leaves out the cache held at the start, cache₀) are corrected per segment of queries between two boundaries,
+which share one cache: + e^{s q·k} over cache(i), + λ φ(q)·φ(k) over cache₀, - λ φ(q)·φ(k) over cache(i) (a pair in
+both cancels), with one shift m_i = max(the hybrid's, the cache logits). The boundaries are a loop of O(N / B)
+steps on (C + B)-key pools. Decoding keeps the keys folded since the last boundary (at most B) to score them at the
+next one; the cache is a fixed number of slots, so its bytes do not grow with the context. Feature maps without a
+decay whose φ does not depend on the position (the state must give a pair back exactly when it leaves the cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .state import LinearState, SparseCache, with_ones
+
+
+def _fold(s: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, weight: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
+    """s + sign · Σ_j weight_j φ(k_j) [v_j, 1]ᵀ; ``s`` ``[B, H, F, Dv + 1]``, ``fk`` ``[B, H, L, F]``, ``weight``
+    ``[B, H, L]`` (0 or 1)."""
+    return s + sign * ((fk * weight[..., None]).transpose(-1, -2) @ with_ones(v))
+
+
+def recall_error(s: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
+    """‖v_j - Sᵀφ(k_j) / max(zᵀφ(k_j), eps)‖² ``[B, H, L]``: how far the state (``s`` = [S, z] ``[B, H, F, Dv + 1]``)
+    is from giving back v_j for k_j."""
+    read = fk @ s
+    dv = v.shape[-1]
+    return (v - read[..., :dv] / read[..., dv:].clamp_min(eps)).square().sum(-1)
+
+
+def sparse_window(
+    raw: torch.Tensor,
+    top: torch.Tensor,
+    q: torch.Tensor,
+    fq: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    fk: torch.Tensor,
+    lin_w: torch.Tensor,
+    state: LinearState | None,
+    cache: SparseCache | None,
+    feature_k: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    window: int,
+    capacity: int,
+    block: int,
+    scaling: float,
+    offset: int,
+    mix: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, SparseCache]:
+    """The outputs ``[B, Hkv, G, N, Dv]`` of N queries at the last N of M key positions (``k``'s first at
+    ``offset``), the state after them (``[B, Hkv, F, Dv + 1]``: every out-of-window key but the cache) and the cache.
+
+    ``raw`` ``[B, Hkv, G, N, Dv + 1]`` and ``top`` ``[B, Hkv, G, N, 1]``: the plain hybrid's unnormalised sums and
+    their shift, from ``state`` (which holds every key before ``offset`` but cache₀ = ``cache``); ``q`` grouped
+    ``[B, Hkv, G, N, D]``, ``fq`` its features, ``fk`` φ(k) ``[B, Hkv, M, F]``, ``lin_w`` ``[B, M]`` 1 for a real
+    non-sink key; ``feature_k`` φ of cached keys ``[B, Hkv, L, D]`` (position-free maps); ``mix`` λ ``[Hkv, G]``
+    or None (1)."""
+    b, hkv, g, n, d = q.shape
+    m, dv = k.shape[-2], v.shape[-1]
+    dtype = raw.dtype
+    q, k, v, fk = q.to(dtype), k.to(dtype), v.to(dtype), fk.to(dtype)
+    if cache is None:
+        cache = SparseCache.empty(k, v, capacity, block)
+    s = fk.new_zeros(b, hkv, fk.shape[-1], dv + 1) if state is None else torch.cat(
+        [state.S, state.z.unsqueeze(-1)], -1).to(dtype)
+    first_query = offset + m - n
+    folded = offset - 1  # every key at a position ≤ folded is in the state, the cache or the pending slots
+    pend_k, pend_v = cache.pending_keys.to(dtype), cache.pending_values.to(dtype)
+    pend_pos, pend_ok = cache.pending_pos.clone(), cache.pending_ok.clone()
+    keys, values, pos, valid = cache.keys.to(dtype), cache.values.to(dtype), cache.pos, cache.valid
+    lin_w = lin_w.to(dtype)
+
+    def fold_to(last: int) -> None:
+        """Keys of this call at positions folded + 1 … last enter the state and the pending slots."""
+        nonlocal s, folded, pend_k, pend_v
+        lo, hi = folded + 1 - offset, last + 1 - offset
+        if hi <= lo:
+            return
+        w = lin_w[:, lo:hi]
+        s = _fold(s, fk[:, :, lo:hi], v[:, :, lo:hi], w[:, None, :].expand(-1, hkv, -1))
+        slots = torch.arange(folded + 1, last + 1, device=k.device) % block
+        pend_k, pend_v = pend_k.index_copy(2, slots, k[:, :, lo:hi]), pend_v.index_copy(2, slots, v[:, :, lo:hi])
+        pend_pos[slots] = torch.arange(folded + 1, last + 1, device=k.device)
+        pend_ok[:, slots] = w > 0
+        folded = last
+
+    start_cache = (keys, values, valid)
+    segments: list[tuple[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []  # (first query, cache)
+    first_boundary = max(block, -(-first_query // block) * block)
+    for t in range(first_boundary, offset + m, block):
+        fold_to(t - window)
+        cand_ok = pend_ok[:, None, :].expand(-1, hkv, -1)
+        cand_f = feature_k(pend_k)
+        s_out = _fold(s, cand_f, pend_v, cand_ok.to(dtype), sign=-1.0)  # the state without the candidates
+        pool_k, pool_v = torch.cat([keys, pend_k], 2), torch.cat([values, pend_v], 2)
+        pool_f = torch.cat([feature_k(keys), cand_f], 2)
+        pool_pos = torch.cat([pos, pend_pos.expand(b, hkv, -1)], 2)
+        pool_ok = torch.cat([valid, cand_ok], 2)
+        score = recall_error(s_out, pool_f, pool_v, eps).masked_fill(~pool_ok, float("-inf"))
+        pick = score.topk(capacity, dim=-1).indices  # [B, Hkv, C]
+        kept = torch.zeros_like(pool_ok).scatter_(-1, pick, True)
+        s = _fold(s_out, pool_f, pool_v, (pool_ok & ~kept).to(dtype))  # the rest of the pool joins the state
+        keys = pool_k.gather(2, pick[..., None].expand(-1, -1, -1, d))
+        values = pool_v.gather(2, pick[..., None].expand(-1, -1, -1, dv))
+        pos, valid = pool_pos.gather(2, pick), pool_ok.gather(2, pick)
+        pend_ok = torch.zeros_like(pend_ok)
+        segments.append((t, (keys, values, valid)))
+    fold_to(offset + m - window)  # the state after the last query: every key outside the next position's window
+
+    segments.insert(0, (first_query, start_cache))
+    out = raw[..., :dv] / raw[..., dv:].clamp_min(torch.finfo(dtype).tiny)
+    if len(segments) > 1 or bool(start_cache[2].any()):
+        out = out.clone()
+        lam = 1.0 if mix is None else mix.to(dtype)[None, :, :, None, None]
+        f0 = feature_k(start_cache[0]) * start_cache[2][..., None].to(dtype)
+        ends = [t - first_query for t, _ in segments[1:]] + [n]
+        for i, ((t, (ck, cv, cvalid)), end) in enumerate(zip(segments, ends, strict=True)):
+            a = t - first_query
+            if end <= a:
+                continue
+            qs = q[:, :, :, a:end]
+            logits = (qs @ ck.unsqueeze(2).transpose(-1, -2) * scaling).masked_fill(~cvalid[:, :, None, None, :],
+                                                                                    float("-inf"))
+            shift = torch.maximum(top[:, :, :, a:end], logits.amax(-1, keepdim=True))
+            num = raw[:, :, :, a:end] * (top[:, :, :, a:end] - shift).exp() + (logits - shift).exp() @ with_ones(
+                cv).unsqueeze(2)
+            if i:  # the hybrid's linear part holds cache₀ out and cache(i) in: swap them
+                fqs = fq[:, :, :, a:end].to(dtype)
+                fc = feature_k(ck) * cvalid[..., None].to(dtype)
+                lin = (fqs @ f0.unsqueeze(2).transpose(-1, -2)) @ with_ones(start_cache[1]).unsqueeze(2) - (
+                    fqs @ fc.unsqueeze(2).transpose(-1, -2)) @ with_ones(cv).unsqueeze(2)
+                num = num + lam * (-shift).exp() * lin
+            out[:, :, :, a:end] = num[..., :dv] / num[..., dv:].clamp_min(torch.finfo(dtype).tiny)
+    new = SparseCache(keys, values, pos, valid, pend_k, pend_v, pend_pos, pend_ok)
+    return out, s, new
