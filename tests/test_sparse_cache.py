@@ -255,3 +255,30 @@ def test_smollm2_decodes_with_its_sparse_cache_like_one_full_forward(smollm2, fr
         full = smollm2(out.sequences, use_cache=False).logits[0, n - 1:-1]
     assert torch.equal(full.argmax(-1), out.sequences[0, n:])
     torch.testing.assert_close(torch.cat(out.logits).float(), full.float(), rtol=1e-3, atol=2e-3)
+
+
+def test_a_saved_model_takes_a_sparse_cache_at_load(tmp_path):
+    """``from_pretrained(path, kernel_params=...)`` without a kernel adds the options to the saved kernel (every layer
+    that runs it; a softmax layer stays softmax): the loaded model equals one patched with all options at once."""
+    model = tiny_lm()
+    hf_kernel_attn.patch(model, kernel="hedgehog", window=6, sinks=2, window_mix=True, layers={0: "softmax"})
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("window_log_mix"):
+                p.normal_()
+    model.save_pretrained(tmp_path)
+    loaded = hf_kernel_attn.from_pretrained(tmp_path, kernel_params={"sparse_cache": 4, "sparse_block": 3}).eval()
+    cfg = hf_kernel_attn.kernel_config(loaded)
+    assert cfg.kernel == "hedgehog" and cfg.params == {"window": 6, "sinks": 2, "window_mix": True, "sparse_cache": 4,
+                                                      "sparse_block": 3}
+    assert cfg.for_layer(0).kernel == "softmax" and cfg.for_layer(0).params == {}
+    hf_kernel_attn.patch(model, kernel="hedgehog", window=6, sinks=2, window_mix=True, sparse_cache=4, sparse_block=3,
+                         layers={0: "softmax"})
+    model.load_state_dict(loaded.state_dict())
+    ids = torch.randint(1, 97, (1, 50), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+        plain = hf_kernel_attn.from_pretrained(tmp_path).eval()(ids).logits
+    assert not torch.allclose(plain, model(ids).logits)
+    with pytest.raises(ValueError, match="sparse_cach"):
+        hf_kernel_attn.from_pretrained(tmp_path, kernel_params={"sparse_cach": 4})

@@ -39,13 +39,14 @@ class ModelSpec:
     def load(self, kind: str):
         """The model (``pkg:``, folder or hub id; see :mod:`hf_kernel_attn.model_paths`) and its tokenizer; a
         one-line ModelLoadError when it cannot be loaded."""
-        if self.kernel is None and (self.layers is not None or self.params):
-            raise ValueError("--layers/--param need --kernel (without it the model runs its saved kernel)")
+        if self.kernel is None and self.layers is not None:
+            raise ValueError("--layers need --kernel (without it the model runs its saved kernel, with any --param "
+                             "added to its options)")
         path = locate_model(self.model, self.gguf_file)
         kwargs = {"gguf_file": self.gguf_file} if self.gguf_file else {}
         cls = getattr(transformers, MODEL_CLASSES[kind])
         with load_errors(self.model, self.gguf_file):
-            if self.kernel is not None:
+            if self.kernel is not None or self.params:  # without --kernel, --param adds to the saved kernel's options
                 model = hf_kernel_attn.from_pretrained(path, kernel=self.kernel, layers=self.layers,
                                                        model_class=cls, kernel_params=self.params, **kwargs)
             else:

@@ -55,6 +55,23 @@ def split_kernel_params(kernel: str, kwargs: dict[str, Any]) -> tuple[dict[str, 
     return params, rest
 
 
+def with_saved_kernel_options(config: Any, options: dict[str, Any]) -> Any:
+    """A copy of a saved kernel model's ``config`` whose kernel (and every layer running that kernel) has
+    ``options`` added or replaced; the layers that run another kernel (softmax, say) are left as saved. The kernel
+    classes validate the result, so an option the kernel lacks is an error naming the valid ones."""
+    data = getattr(config, CONFIG_KEY, None)
+    if not data:
+        raise ValueError("kernel parameters given without kernel=..., and the checkpoint has no saved kernel "
+                         f"(no config.{CONFIG_KEY}); name the kernel to use")
+    saved = KernelAttentionConfig.from_dict(data)
+    layers = {i: dataclasses.replace(c, params={**c.params, **options}) if c.kernel == saved.kernel else c
+              for i, c in saved.layers.items()}
+    merged = dataclasses.replace(saved, params={**saved.params, **options}, layers=layers)
+    config = copy.deepcopy(config)
+    setattr(config, CONFIG_KEY, merged.to_dict())
+    return config
+
+
 def from_pretrained(
     name_or_path: str | Path,
     kernel: str | None = None,
@@ -71,8 +88,10 @@ def from_pretrained(
     ``kwargs`` that are options of ``kernel`` go to the kernel; the rest go to ``from_pretrained``
     (``gguf_file=``, ``dtype=``, ``device_map=``, ...). The auto class comes from the checkpoint's
     ``architectures`` unless ``model_class`` (a class or its name) is given. Without ``kernel`` a saved
-    kernel model is loaded as it was saved (``kernel_attention`` in its config). ``layers="auto:K"`` with
-    ``calibration`` (token ids or a tokenizer's output) keeps the K layers furthest from softmax as softmax.
+    kernel model is loaded as it was saved (``kernel_attention`` in its config), with ``kernel_params`` added to
+    its kernel's options (:func:`with_saved_kernel_options`: an inference-time ``sparse_cache``, say).
+    ``layers="auto:K"`` with ``calibration`` (token ids or a tokenizer's output) keeps the K layers furthest from
+    softmax as softmax.
 
     A checkpoint saved with a kernel of your own names the module that defines it (``config.kernel_attention``'s
     ``modules``); loading never imports it on the checkpoint's word. ``kernel_modules`` names the modules to
@@ -93,8 +112,10 @@ def from_pretrained(
     if trusted:
         run_remote_code(config, name_or_path, {k: kwargs[k] for k in _CONFIG_KWARGS if k in kwargs})
     if kernel is None:
-        if kernel_params or layers is not None:
-            raise ValueError("layers/kernel parameters given without kernel=...; name the kernel to use")
+        if layers is not None:
+            raise ValueError("layers given without kernel=...; name the kernel to use")
+        if kernel_params:  # the saved kernel with these options added (e.g. an inference-time sparse_cache)
+            config = with_saved_kernel_options(config, kernel_params)
         return _auto_class(config, model_class).from_pretrained(name_or_path, config=config, **kwargs)
     params, hf_kwargs = split_kernel_params(kernel, kwargs)
     params.update(kernel_params or {})
