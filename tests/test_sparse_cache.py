@@ -22,8 +22,8 @@ SCALING = 0.35
 f64 = torch.float64
 
 
-def make(name="hedgehog", hq=4, hkv=2, *, window=5, sinks=0, capacity=3, block=4, mix=True, dtype=f64):
-    params = dict(window=window, sparse_cache=capacity, sparse_block=block, chunk_size=8)
+def make(name="hedgehog", hq=4, hkv=2, *, window=5, sinks=0, capacity=3, block=4, mix=True, dtype=f64, heads=()):
+    params = dict(window=window, sparse_cache=capacity, sparse_block=block, chunk_size=8, softmax_heads=list(heads))
     if sinks:
         params["sinks"] = sinks
     if mix:
@@ -57,6 +57,7 @@ def brute_force(kern, q, k, v, key_mask=None):
     fq, fk = kern.features(q, k, SCALING)  # [B, Hkv, G, N, F], [B, Hkv, N, F]
     fq, fk, q, k, v = fq.to(f64), fk.to(f64), q.to(f64), k.to(f64), v.to(f64)
     lam = torch.ones(hq, dtype=f64) if not hasattr(kern, "window_log_mix") else kern.window_log_mix.detach().exp()
+    lam[o.softmax_heads] = 0.0  # retrieval heads on a budget: the window, sinks and cache alone
     real = torch.ones(b, n, dtype=torch.bool) if key_mask is None else key_mask.bool()
     out = torch.zeros(b, n, hq, DV, dtype=f64)
     caches = {}
@@ -92,6 +93,7 @@ def brute_force(kern, q, k, v, key_mask=None):
                             w = torch.exp(SCALING * q[r, qh, i] @ k[r, h, j])
                         else:
                             w = lam[qh] * (fq[r, h, gi, i] @ fk[r, h, j])
+                        w = w.detach()
                         num += w * v[r, h, j]
                         den += float(w)
                     out[r, i, qh] = num / den
@@ -123,9 +125,12 @@ def padding(b, n, pad):
 
 
 @pytest.mark.parametrize("name", ["hedgehog", "elu"])
-@pytest.mark.parametrize("sinks, pad, capacity, block", [(0, 0, 3, 4), (2, 3, 2, 5), (0, 4, 4, 3)])
-def test_outputs_and_cache_match_brute_force(name, sinks, pad, capacity, block):
-    kern = make(name, sinks=sinks, capacity=capacity, block=block)
+@pytest.mark.parametrize("sinks, pad, capacity, block, heads", [(0, 0, 3, 4, ()), (2, 3, 2, 5, ()), (0, 4, 4, 3, ()),
+                                                                (2, 3, 3, 4, (1, 2))])
+def test_outputs_and_cache_match_brute_force(name, sinks, pad, capacity, block, heads):
+    """Outputs and cached pairs; with ``softmax_heads`` those heads are retrieval heads on a budget (softmax over
+    the sinks, the window and the cache of their KV head, nothing else)."""
+    kern = make(name, sinks=sinks, capacity=capacity, block=block, heads=heads)
     q, k, v = inputs(2, 4, 2, 41)
     mask = padding(2, 41, pad) if pad else None
     got, state = kern.forward_with_state(q, k, v, key_mask=mask, causal=True, scaling=SCALING)
@@ -299,3 +304,20 @@ def test_gradients_through_the_cache_match_finite_differences():
     out = run(q, k, v).square().sum()
     grads = torch.autograd.grad(out, params)
     assert all(g is not None and torch.isfinite(g).all() for g in grads) and grads[0].abs().sum() > 0
+
+
+def test_budgeted_retrieval_heads_hold_no_growing_kv():
+    """softmax_heads with a sparse cache keep no K/V of their own: the state after 90 keys and after 300 holds the
+    same bytes, and decoding equals one forward."""
+    kern = make(heads=(0, 3), sinks=2, capacity=3, block=4)
+    sizes = []
+    for n in (90, 300):
+        q, k, v = inputs(1, 4, 2, n, seed=n)
+        mask = torch.ones(1, n, dtype=torch.bool)
+        full, state = kern.forward_with_state(q, k, v, causal=True, scaling=SCALING)
+        assert state.exact is None
+        sizes.append(sum(t.numel() * t.element_size() for t in (state.S, state.z, *state.sparse.tensors(),
+                                                                  *state.sinks.tensors())))
+        stepped, _ = _stream(kern, q, k, v, mask, [n - 7] + [1] * 7)
+        torch.testing.assert_close(stepped, full, rtol=1e-9, atol=1e-10)
+    assert sizes[0] == sizes[1]

@@ -57,7 +57,8 @@ class LinearOptions(KernelOptions):
                                      "(LoLCATs; needs a window)")
     sinks: int = option(0, "S > 0 (needs a window): the first S real tokens join the softmax part (StreamingLLM)")
     softmax_heads: list[int] = option(default_factory=list, help="query heads of each layer kept as exact softmax "
-                                                                 "attention")
+                                                                 "attention (over every key; with sparse_cache, "
+                                                                 "over the sinks, window and cached pairs only)")
     sparse_cache: int = option(0, "C > 0 (needs a window; causal): per KV head, the C older key-value pairs the "
                                   "state reproduces worst are kept and attended exactly (a bounded sparse cache, LoLA)")
     sparse_block: int = option(16, "with sparse_cache: the keys that left the window are scored every this many "
@@ -232,12 +233,14 @@ class LinearKernel(Kernel):
         With ``softmax_heads`` those query heads run exact softmax over every key, softmax_j(s q_i·k_j), in the
         same layer (the rest keep the feature map; retrieval-aware head selection: Wu et al. 2024, "Retrieval
         Head Mechanistically Explains Long-Context Factuality"); the state then also keeps every key/value of
-        their KV heads."""
+        their KV heads. With ``sparse_cache`` they are retrieval heads on a budget instead: softmax over the sinks,
+        the window and the C pairs of their KV head's sparse cache, and nothing else (no linear part, no growing
+        K/V)."""
         self.check_inputs(q, k, v, causal)
         scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
         heads = self.options.softmax_heads
         out, new_state = self._feature_map_with_state(q, k, v, key_mask, causal, scaling, state, offset, need_state)
-        if not heads:
+        if not heads or self.options.sparse_cache:  # with a sparse cache the heads are bounded (_windowed_sparse)
             return out, new_state
         return self._exact_heads(q, k, v, key_mask, causal, scaling, state, offset, need_state, out, new_state)
 
@@ -376,6 +379,12 @@ class LinearKernel(Kernel):
                              "window); use sparse_cache=0 for bidirectional attention")
         hkv = k.shape[1]
         gq = group_queries(q, hkv)
+        heads = self.options.softmax_heads
+        if heads:  # bounded retrieval heads: no linear part, the window, sinks and cached pairs alone
+            off = torch.zeros(q.shape[1], device=q.device)
+            off[heads] = float("-inf")
+            off = off.view(hkv, -1)
+            log_mix = off if log_mix is None else log_mix + off
         raw, top = hybrid_attention(gq, k, v, fq, fk, window=self.window, scaling=scaling, causal=True,
                                     key_mask=key_mask, state=state, log_mix=log_mix,
                                     chunk_size=self.options.chunk_size, sinks=sinks, offset=offset, raw=True,
