@@ -16,7 +16,7 @@ from ..integration.modules import attention_modules
 from ..integration.swap import patch
 from ..kernels import SOFTMAX, is_softmax, kernel_class
 from ..kernels.base import accum
-from ..kernels.linear.state import LinearState, SinkSet
+from ..kernels.linear.state import LinearState, SinkSet, SparseCache
 
 
 @torch.no_grad()
@@ -69,7 +69,24 @@ def synthetic_cache(model, context: int, *, batch: int = 1, seed: int = 0):
                 sinks = SinkSet(sk, sv, torch.arange(count, device=param.device).expand(batch, count).clone(),
                                 torch.ones(batch, count, dtype=torch.bool, device=param.device),
                                 torch.full((batch,), context, dtype=torch.long, device=param.device), context)
-            layer.state = LinearState(s_mat, z, sinks)
+            sparse = None
+            capacity, block = getattr(kernel.options, "sparse_cache", 0), getattr(kernel.options, "sparse_block", 1)
+            if capacity:  # every slot filled, as after a prefill that long; the pending slots too
+                sparse = SparseCache.empty(*(torch.empty(batch, hkv, 0, d, dtype=param.dtype, device=param.device)
+                                             for _ in "kv"), capacity, block)
+                for name in ("keys", "values", "pending_keys", "pending_values"):
+                    t = getattr(sparse, name)
+                    t.copy_(torch.randn(t.shape, generator=gen).to(t))
+                sparse.pos.copy_(torch.arange(capacity).expand_as(sparse.pos))
+                sparse.valid.fill_(True)
+                folded = torch.arange(context - kernel.window - block + 1, context - kernel.window + 1)
+                sparse.pending_pos[folded % block] = folded.to(sparse.pending_pos.device)
+                sparse.pending_ok.fill_(True)
+            layer.state = LinearState(s_mat, z, sinks, sparse=sparse)
+            if kernel.window:  # the last W - 1 keys/values the window keeps
+                kw, vw = (torch.randn(batch, hkv, min(context, kernel.window - 1), d, generator=gen).to(
+                    param.device, param.dtype) for _ in "kv")
+                layer.window_keys, layer.window_values = kw, vw
             layer.cumulative_length = context
         else:
             k, v = (torch.randn(batch, hkv, context, d, generator=gen).to(param.device, param.dtype) for _ in "kv")
