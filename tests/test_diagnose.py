@@ -93,14 +93,16 @@ def test_zeroed_branch_equals_window_only_on_smollm2(smollm2, smollm2_tok, fresh
     assert abs(zeroed - full) > 1e-3  # the branch did matter
 
 
-def test_delta_rule_memory_switched_off_equals_window_only_on_smollm2(smollm2, smollm2_tok, fresh):
+@pytest.mark.parametrize("sinks", [0, 4])
+def test_delta_rule_memory_switched_off_equals_window_only_on_smollm2(sinks, smollm2, smollm2_tok, fresh):
     """diagnose on a delta-rule hybrid: the memory has no normaliser share (NaN, shown as "–"), and with its
-    read-out switched off the model equals softmax over the same window (an independent model: re-patched)."""
+    read-out switched off the model equals softmax over the same window and sinks (an independent model:
+    re-patched)."""
     from hf_kernel_attn.evaluation.diagnose import mean_loss
 
     fresh(smollm2)
     ids = torch.randint(100, 40000, (1, 96), generator=torch.Generator().manual_seed(1))
-    hf_kernel_attn.patch(smollm2, kernel="deltanet", window=16, layers={0: "softmax"})
+    hf_kernel_attn.patch(smollm2, kernel="deltanet", window=16, sinks=sinks, layers={0: "softmax"})
     full = mean_loss(smollm2, ids)
     shares = normaliser_shares(smollm2, ids)
     assert sorted(shares) == list(range(1, 30)) and all(math.isnan(s["share_beyond_window"]) for s in shares.values())

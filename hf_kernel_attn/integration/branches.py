@@ -88,8 +88,8 @@ def normaliser_shares(model: nn.Module, input_ids: torch.Tensor) -> dict[int, di
 
 
 def window_only_config(model: nn.Module) -> KernelAttentionConfig:
-    """The model's kernel config with every hybrid layer replaced by softmax over the same window
-    (``softmax`` with ``window=W``); every other layer as it is."""
+    """The model's kernel config with every hybrid layer replaced by softmax over the same window and sinks
+    (``softmax`` with ``window=W`` and, where the hybrid has them, ``sinks=S``); every other layer as it is."""
     kcfg = kernel_config(model)
     if kcfg is None:
         raise ValueError("the model is not patched with an hf_kernel_attn kernel")
@@ -98,7 +98,8 @@ def window_only_config(model: nn.Module) -> KernelAttentionConfig:
         raise ValueError("the model has no sliding-window hybrid layer to turn into a window-only layer")
     choices: dict[int, Any] = {i: kcfg.for_layer(i) for i in range(len(attention_modules(model)))}
     for i, k in layers.items():
-        choices[i] = LayerChoice("softmax", {"window": k.window})
+        sinks = getattr(k.options, "sinks", 0)
+        choices[i] = LayerChoice("softmax", {"window": k.window, **({"sinks": sinks} if sinks else {})})
     return KernelAttentionConfig(kernel=kcfg.kernel, params=dict(kcfg.params), layers=choices)
 
 
