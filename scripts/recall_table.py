@@ -15,7 +15,11 @@ COLUMNS = [("wikitext2", "perplexity", None, "WikiText-2 ppl"), ("arc_easy", "ac
            ("lambada_openai", "acc", None, "LAMBADA"), ("passkey", "exact_match", 1024, "passkey 1k"),
            ("passkey", "exact_match", 2048, "passkey 2k"), ("passkey", "exact_match", 4096, "passkey 4k")]
 NIAH_COLUMNS = [("niah", "exact_match", 1024, "niah 1k"), ("niah", "exact_match", 2048, "niah 2k"),
-                ("niah", "exact_match", 4096, "niah 4k")]
+                ("niah", "exact_match", 4096, "niah 4k"),
+                ("niah", "exact_match_multikey", 1024, "multi-key 1k"),
+                ("niah", "exact_match_multikey", 2048, "multi-key 2k"),
+                ("niah", "exact_match_multikey", 4096, "multi-key 4k"),
+                ("passkey", "exact_match", 8192, "passkey 8k")]
 
 
 def load(folder: Path) -> dict[str, list[dict]]:
@@ -49,8 +53,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", default="docs/results/recall")
     ap.add_argument("--rows", nargs="*", default=None, help="file stems in this order (default: all)")
-    ap.add_argument("--niah", action="store_true", help="add the niah columns and the cache after 4k tokens as the "
-                                                        "records carry it")
+    ap.add_argument("--niah", action="store_true", help="add the niah columns (single and multi-key), passkey at 8k "
+                                                        "and the cache after 4k tokens as the records carry it")
     args = ap.parse_args()
     columns = COLUMNS + NIAH_COLUMNS if args.niah else COLUMNS
     folder = Path(args.dir)
