@@ -321,3 +321,16 @@ def test_budgeted_retrieval_heads_hold_no_growing_kv():
         stepped, _ = _stream(kern, q, k, v, mask, [n - 7] + [1] * 7)
         torch.testing.assert_close(stepped, full, rtol=1e-9, atol=1e-10)
     assert sizes[0] == sizes[1]
+
+
+@pytest.mark.parametrize("name", ["hedgehog", "elu"])
+def test_plain_hybrid_decode_steps_equal_one_forward(name):
+    """Without a sparse cache too: token-by-token steps (the one-query form of the hybrid) with sinks, left padding
+    and GQA give the outputs and the state of one forward over the whole sequence, in float64."""
+    kern = make(name, sinks=2, capacity=0)
+    q, k, v = inputs(2, 4, 2, 30, seed=5)
+    mask = padding(2, 30, 4)
+    full, state = kern.forward_with_state(q, k, v, key_mask=mask, causal=True, scaling=SCALING)
+    stepped, stream_state = _stream(kern, q, k, v, mask, [3] + [1] * 27)
+    torch.testing.assert_close(stepped[mask], full[mask], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(stream_state.S, state.S, rtol=1e-10, atol=1e-12)

@@ -101,6 +101,9 @@ def hybrid_attention(
     sums ``[B, Hkv, G, N, Dv + 1]`` (numerator, denominator) scaled by e^{-m_i}, and m_i ``[B, Hkv, G, N, 1]``, in the
     accumulation dtype (:mod:`.sparse_cache` adds its exact keys to them).
     """
+    if causal and q.shape[-2] == 1 and k.shape[-2] <= window:  # a decode step: every key is in the window
+        return _one_query(q, k, v, fq, fk, window=window, scaling=scaling, key_mask=key_mask, state=state,
+                          log_mix=log_mix, need_state=need_state, sinks=sinks, offset=offset, raw=raw)
     out_dtype = q.dtype
     q, k, v, fq, fk = accum(q), accum(k), accum(v), accum(fq), accum(fk)
     b, hkv, g, n, _ = q.shape
@@ -247,6 +250,49 @@ def hybrid_attention(
     if done > 0 or new_state is None:
         new_state = accumulate(fk[:, :, :done] * lin_w[:, None, :done, None], v[:, :, :done], state_in)
     return res, new_state
+
+
+def _one_query(q, k, v, fq, fk, *, window, scaling, key_mask, state, log_mix, need_state, sinks, offset, raw):
+    """:func:`hybrid_attention` for one causal query whose window holds all M ≤ W keys (a decode step): the
+    softmax part over those keys and the sinks outside the window, the feature-map part φ(q)·[S, z] of the state,
+    with no chunking (the same formula and shift m)."""
+    out_dtype = q.dtype
+    q, k, v, fq, fk = accum(q), accum(k), accum(v), accum(fq), accum(fk)
+    b, hkv, g, _, _ = q.shape
+    m, dv = k.shape[-2], v.shape[-1]
+    real = torch.ones(b, m, dtype=torch.bool, device=q.device) if key_mask is None else key_mask.to(torch.bool)
+    lin_w = real
+    logits = (q @ k.unsqueeze(2).transpose(-1, -2) * scaling).masked_fill(~real[:, None, None, None, :],
+                                                                           float("-inf"))  # [B, Hkv, G, 1, M]
+    top = logits.amax(-1, keepdim=True)
+    sink_logits = None
+    if sinks is not None:
+        kpos = torch.arange(offset, offset + m, device=q.device)
+        lin_w = real & ~((kpos[None, :, None] == sinks.pos[:, None, :]) & sinks.valid[:, None, :]).any(-1)
+        seen = ((offset + m - 1 - sinks.pos) >= window) & sinks.valid  # [B, S]: outside the window, visible
+        sink_logits = (q @ (accum(sinks.keys) * scaling).unsqueeze(2).transpose(-1, -2)).masked_fill(
+            ~seen[:, None, None, None, :], float("-inf"))
+        top = torch.maximum(top, sink_logits.amax(-1, keepdim=True))
+    top = top.clamp_min(0).detach()
+    o = torch.exp(logits - top) @ with_ones(v).unsqueeze(2)
+    if sink_logits is not None:
+        o = o + torch.exp(sink_logits - top) @ with_ones(accum(sinks.values)).unsqueeze(2)
+    if state is not None:
+        far = fq @ torch.cat([state.S, state.z.unsqueeze(-1)], -1).unsqueeze(2)  # [B, Hkv, G, 1, Dv + 1]
+        scale = torch.exp(-top)
+        if log_mix is not None:
+            scale = scale * log_mix.to(q.dtype).exp()[None, :, :, None, None]
+        o = o + far * scale
+    new_state = None
+    if need_state:
+        done = m - min(m, window - 1)  # keys outside the next position's window
+        new_state = state
+        if done > 0 or new_state is None:
+            new_state = accumulate(fk[:, :, :done] * lin_w[:, None, :done, None].to(fk.dtype), v[:, :, :done], state)
+    if raw:
+        return o, top
+    out = ungroup_output(o[..., :dv] / o[..., dv:].clamp_min(torch.finfo(o.dtype).tiny))
+    return out.to(out_dtype), new_state
 
 
 def _outside_span(c: int, width: int, lag: int, window: int, causal: bool) -> tuple[int, int]:
