@@ -111,6 +111,8 @@ def test_config_defaults_and_overrides(tmp_path):
         ("push_to_hub=maybe", "push_to_hub must be true or false"),
         ("stages=3", "is a section"),
         ("novalue", "--set expects KEY=VALUE"),
+        ("inference_params=3", "inference_params must be a mapping"),
+        ("inference_params.sparse_cache=8", "inference_params: sparse_cache=8 needs a window"),
     ],
 )
 def test_config_errors(tmp_path, override, message):
@@ -280,6 +282,30 @@ def test_kernel_without_parameters_skips_transfer(tiny_llama, tmp_path):
     Trainer(cfg).run()
     log = read_log(tmp_path / "o")
     assert {r["stage"] for r in log} == {"lora"} and len(log) == 4
+
+
+def test_inference_params_reach_the_saved_model_only(tiny_llama, tmp_path):
+    """inference_params are added to the saved kernel after training (the run itself trains without them): the
+    final model loads with a sparse cache and gives the outputs of the trained weights patched with it."""
+    import hf_kernel_attn
+    from hf_kernel_attn.training import Trainer
+
+    cfg = load_config(write_config(tmp_path / "c.yaml", lm_config(
+        tiny_llama, tmp_path / "o", kernel_params={"window": 8, "sinks": 2}, inference_params={"sparse_cache": 4})))
+    final = Trainer(cfg).run()
+    model = hf_kernel_attn.from_pretrained(final).eval()
+    cfg_saved = hf_kernel_attn.kernel_config(model)
+    assert cfg_saved.params == {"window": 8, "sinks": 2, "sparse_cache": 4}
+    assert "sparse_cache" not in json.dumps(read_log(tmp_path / "o"))
+    plain = hf_kernel_attn.from_pretrained(final, kernel="hedgehog", kernel_params={"window": 8, "sinks": 2}).eval()
+    ids = torch.randint(5, 500, (1, 90), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        sparse_out, plain_out = model(ids).logits, plain(ids).logits
+    hf_kernel_attn.patch(plain, kernel="hedgehog", window=8, sinks=2, sparse_cache=4)
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(plain(ids).logits, sparse_out, rtol=0, atol=0)
+    assert not torch.allclose(plain_out, sparse_out)
 
 
 @pytest.mark.parametrize("clock", ["wall", "cpu"])

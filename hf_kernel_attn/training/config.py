@@ -38,6 +38,7 @@ _DEFAULTS: dict[str, Any] = {
     "task": "causal_lm",
     "kernel": None,
     "kernel_params": {},
+    "inference_params": {},      # kernel options added to the saved model's kernel after training (sparse_cache: C)
     "layers": None,              # list of layer indices, {index: kernel}, or "auto:K"; None = every layer
     "heads": None,               # "auto:K": after transfer, the K query heads furthest from softmax stay exact softmax
                                  # "retrieval:K": the K heads whose teacher attends most to a recalled fact
@@ -84,7 +85,7 @@ STAGE_ALIASES = {"learning_rate": "lr", "max_steps": "steps", "lr_scheduler_type
 PRECISION_FLAGS = ("bf16", "fp16")  # bf16: true is mixed_precision: bf16
 REQUIRED = ("model", "kernel", "output_dir")
 # keys whose value is free-form (a mapping of the user's own keys)
-OPEN_KEYS = {"kernel_params", "layers", "config_overrides"}
+OPEN_KEYS = {"kernel_params", "inference_params", "layers", "config_overrides"}
 
 
 class ConfigError(ValueError):
@@ -355,6 +356,12 @@ def validate(config: dict[str, Any]) -> None:
         validate_params(config["kernel"], config["kernel_params"])
     except ValueError as exc:
         raise ConfigError(f"kernel_params: {exc}") from None
+    _check(isinstance(config["inference_params"], dict),
+           f"inference_params must be a mapping of kernel options, got {config['inference_params']!r}")
+    try:
+        validate_params(config["kernel"], {**config["kernel_params"], **config["inference_params"]})
+    except ValueError as exc:
+        raise ConfigError(f"inference_params: {exc}") from None
     data = config["data"]
     train = data["train"]
     _check(isinstance(train, (str, list)) and bool(train),

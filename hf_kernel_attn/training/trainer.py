@@ -47,6 +47,7 @@ from ..integration.layer_choice import (
     parse_auto,
     parse_heads,
 )
+from ..integration.loading import with_saved_kernel_options
 from ..integration.modules import attention_modules, num_attention_layers
 from ..integration.swap import patch
 from . import checkpoint as ckpt
@@ -666,10 +667,15 @@ class Trainer:
             reached("save-final")
             try:
                 model.save_pretrained(tmp, state_dict=full_state)
+                kattn = getattr(model.config, "kernel_attention", None)
+                if self.config["inference_params"]:  # options that need no training, e.g. a sparse cache
+                    kattn = with_saved_kernel_options(model.config, self.config["inference_params"]).kernel_attention
+                    written = json.loads((tmp / "config.json").read_text())
+                    written["kernel_attention"] = kattn  # the rest of what save_pretrained wrote stays
+                    (tmp / "config.json").write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
                 self.tokenizer.save_pretrained(tmp)
                 self.task_impl.save_extras(Path(self.source), tmp)
-                write_card(tmp, self.config, getattr(model.config, "kernel_attention", None), self._final_scores(),
-                           state)
+                write_card(tmp, self.config, kattn, self._final_scores(), state)
             except BaseException as exc:  # torch, safetensors and tokenizers report a full disk in their own types
                 free = ckpt.free_bytes(self.out)
                 shutil.rmtree(tmp, ignore_errors=True)
