@@ -81,6 +81,28 @@ def minilm_tok(minilm_dir):
 
 
 @pytest.fixture
+def decodes_like_full_forward():
+    """A check: ``model`` greedily decodes ``new`` tokens after a random ``n``-token prompt from a RecurrentStateCache,
+    and one full forward over prompt + generated tokens with no cache predicts the same token at every generated
+    position, with logits equal to fp32 tolerance."""
+    import torch
+
+    from hf_kernel_attn.integration.cache import RecurrentStateCache
+
+    def check(model, n: int, new: int = 32) -> None:
+        prompt = torch.randint(100, 40000, (1, n), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True)
+            assert isinstance(out.past_key_values, RecurrentStateCache)
+            full = model(out.sequences, use_cache=False).logits[0, n - 1:-1]
+        assert torch.equal(full.argmax(-1), out.sequences[0, n:])
+        torch.testing.assert_close(torch.cat(out.logits).float(), full.float(), rtol=1e-3, atol=2e-3)
+
+    return check
+
+
+@pytest.fixture
 def fresh(request):
     """Unpatch a session model after the test so tests stay independent."""
     import hf_kernel_attn

@@ -487,23 +487,12 @@ def test_softmax_heads(name):
 
 
 @pytest.mark.parametrize("name, n", [("deltanet", 2048), ("gated_deltanet", 512)])
-def test_smollm2_decodes_from_the_state_like_one_full_forward(name, n, smollm2, fresh):
+def test_smollm2_decodes_from_the_state_like_one_full_forward(name, n, smollm2, fresh, decodes_like_full_forward):
     """Acceptance (issue 33): SmolLM2 with the delta rule (window 64 + sinks 4, so both the window and the memory
     matter) greedily decodes 32 tokens after a 2,048-token prompt from its constant-size state; one full forward
     over prompt + generated tokens, with no cache, predicts the same token at every generated position, with
     logits equal to fp32 tolerance. (Gated DeltaNet after 512 tokens, to keep the suite short: its gate is the
     only difference and acts from the first token past the window.)"""
-    from hf_kernel_attn.integration.cache import RecurrentStateCache
-
     fresh(smollm2)
     hf_kernel_attn.patch(smollm2, kernel=name, window=64, sinks=4)
-    prompt = torch.randint(100, 40000, (1, n), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        out = smollm2.generate(prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False,
-                               output_logits=True, return_dict_in_generate=True)
-        assert isinstance(out.past_key_values, RecurrentStateCache)
-        full = smollm2(out.sequences, use_cache=False).logits[0, n - 1:-1]
-    generated = out.sequences[0, n:]
-    stepped = torch.cat(out.logits).float()
-    assert torch.equal(full.argmax(-1), generated)
-    torch.testing.assert_close(stepped, full.float(), rtol=1e-3, atol=2e-3)
+    decodes_like_full_forward(smollm2, n)

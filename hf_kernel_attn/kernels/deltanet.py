@@ -359,9 +359,7 @@ class DeltaNetKernel(LinearKernel):
         sinks = None
         if self.options.sinks:
             sinks = update_sinks(k, v, key_mask, self.options.sinks, offset, None if state is None else state.sinks)
-            kpos = torch.arange(offset, offset + m, device=q.device)
-            is_sink = ((kpos[None, :, None] == sinks.pos[:, None, :]) & sinks.valid[:, None, :]).any(-1)
-            writing = real & ~is_sink
+            writing = real & ~sinks.holds(offset, m)
         kd, vv = dense(k), accum(v)
         beta, log_alpha = self.writes(kd, scaling, writing)
         exact, _ = softmax_band(group_queries(accum(q), hkv), kd, linear.with_ones(vv), real, window, scaling, True,

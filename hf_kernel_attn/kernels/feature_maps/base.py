@@ -392,8 +392,7 @@ class LinearKernel(Kernel):
         b, m = k.shape[0], k.shape[-2]
         lin_w = torch.ones(b, m, dtype=torch.bool, device=k.device) if key_mask is None else key_mask.to(torch.bool)
         if sinks is not None:
-            kpos = torch.arange(offset, offset + m, device=k.device)
-            lin_w = lin_w & ~((kpos[None, :, None] == sinks.pos[:, None, :]) & sinks.valid[:, None, :]).any(-1)
+            lin_w = lin_w & ~sinks.holds(offset, m)
         zero = torch.zeros(1, device=k.device, dtype=torch.long)
 
         def key_features(keys: torch.Tensor) -> torch.Tensor:

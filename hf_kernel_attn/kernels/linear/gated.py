@@ -364,9 +364,7 @@ def gated_hybrid(q, k, v, fq, fk, log_gate, *, window: int, scaling: float, caus
     real = torch.ones(b_, m, dtype=torch.bool, device=q.device) if key_mask is None else key_mask.to(torch.bool)
     linear_keys = real
     if sinks is not None:
-        kpos = torch.arange(offset, offset + m, device=q.device)
-        is_sink = ((kpos[None, :, None] == sinks.pos[:, None, :]) & sinks.valid[:, None, :]).any(-1)
-        linear_keys = real & ~is_sink
+        linear_keys = real & ~sinks.holds(offset, m)
     fkm = fk * linear_keys[:, None, :, None].to(fk.dtype)
     v1 = with_ones(vf)
     exact, shift = softmax_band(qf, kf, v1, real, window, scaling, causal, sinks, offset)

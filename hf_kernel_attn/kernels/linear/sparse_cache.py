@@ -130,7 +130,6 @@ def sparse_window(
     segments.insert(0, (first_query, start_cache))
     out = raw[..., :dv] / raw[..., dv:].clamp_min(torch.finfo(dtype).tiny)
     if len(segments) > 1 or bool(start_cache[2].any()):
-        out = out.clone()
         lam = 1.0 if mix is None else mix.to(dtype)[None, :, :, None, None]
         f0 = feature_k(start_cache[0]) * start_cache[2][..., None].to(dtype)
         ends = [t - first_query for t, _ in segments[1:]] + [n]

@@ -32,6 +32,11 @@ class SinkSet:
     real_seen: torch.Tensor
     seen: int
 
+    def holds(self, offset: int, m: int) -> torch.Tensor:
+        """``[B, M]``: whether each of M keys at positions offset … offset + M - 1 is one of the row's sinks."""
+        kpos = torch.arange(offset, offset + m, device=self.pos.device)
+        return ((kpos[None, :, None] == self.pos[:, None, :]) & self.valid[:, None, :]).any(-1)
+
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> SinkSet:
         """The same sinks with ``fn`` applied to every per-row tensor (beam reorder, batch select)."""
         return SinkSet(fn(self.keys), fn(self.values), fn(self.pos), fn(self.valid), fn(self.real_seen), self.seen)

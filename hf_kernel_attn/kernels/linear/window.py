@@ -111,9 +111,7 @@ def hybrid_attention(
     kw = torch.ones(b, m, dtype=q.dtype, device=q.device) if key_mask is None else key_mask.to(q.dtype)
     lin_w = kw  # the weight of each key in the feature-map part: 0 for padding and for the sinks
     if sinks is not None:
-        kpos = torch.arange(offset, offset + m, device=q.device)
-        is_sink = ((kpos[None, :, None] == sinks.pos[:, None, :]) & sinks.valid[:, None, :]).any(-1)
-        lin_w = kw * (~is_sink).to(kw.dtype)
+        lin_w = kw * (~sinks.holds(offset, m)).to(kw.dtype)
     masked = key_mask is not None or sinks is not None
     if causal:
         fold = max(0, m - n - window + 1)  # keys outside every query's window: straight into the state
@@ -267,8 +265,7 @@ def _one_query(q, k, v, fq, fk, *, window, scaling, key_mask, state, log_mix, ne
     top = logits.amax(-1, keepdim=True)
     sink_logits = None
     if sinks is not None:
-        kpos = torch.arange(offset, offset + m, device=q.device)
-        lin_w = real & ~((kpos[None, :, None] == sinks.pos[:, None, :]) & sinks.valid[:, None, :]).any(-1)
+        lin_w = real & ~sinks.holds(offset, m)
         seen = ((offset + m - 1 - sinks.pos) >= window) & sinks.valid  # [B, S]: outside the window, visible
         sink_logits = (q @ (accum(sinks.keys) * scaling).unsqueeze(2).transpose(-1, -2)).masked_fill(
             ~seen[:, None, None, None, :], float("-inf"))
