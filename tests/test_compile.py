@@ -90,3 +90,27 @@ def test_compiled_equals_eager_forward_and_backward(tiny_llama, case):
     torch.testing.assert_close(loss, eager_loss, atol=1e-6, rtol=1e-6)
     for a, b in zip(grads, eager_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_sparse_cache_under_inductor_keeps_the_eager_pairs():
+    """The default backend (inductor, with its buffer reuse) keeps the cached pairs and outputs of the eager run:
+    torch 2.13's inductor once wrote the pending keys' buffer in place while a gather from an earlier
+    concatenation of it was still to be read, so the compiled cache held other pairs and outputs moved by ~1."""
+    from hf_kernel_attn.kernels import LayerShape, build_kernel
+
+    torch._dynamo.reset()
+    kern = build_kernel("hedgehog", LayerShape(4, 2, 8, 0, 4096),
+                        {"window": 4, "sinks": 1, "sparse_cache": 2, "sparse_block": 4})
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 17, 8, generator=gen) for h in (4, 2, 2))
+
+    def run(q, k, v):
+        out, state = kern.forward_with_state(q, k, v, causal=True)
+        return out, state.sparse.pos, state.sparse.valid
+
+    with torch.no_grad():
+        eager = run(q, k, v)
+        compiled = torch.compile(run)(q, k, v)
+    assert eager[2].all()  # the cache is full: its pairs were chosen by their scores
+    assert torch.equal(compiled[1], eager[1])
+    torch.testing.assert_close(compiled[0], eager[0], atol=1e-5, rtol=1e-5)

@@ -180,6 +180,22 @@ def test_prefill_and_decoding_keep_the_same_pairs(pieces):
     torch.testing.assert_close(stream_state.S, state.S, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize("pieces", [[45], [1] * 45])
+def test_float32_keeps_the_pairs_of_the_float64_reference(pieces):
+    """In float32 a prefill and token-by-token decoding keep the pairs that the float64 brute force keeps, and
+    the outputs agree to float32 rounding: no score is the rounding noise of a state minus its candidates divided
+    by a small z'·φ(k) (the state left alone once held the candidates and took them out again)."""
+    f32 = torch.float32
+    kern = make(sinks=2, capacity=3, block=4, dtype=f32)
+    q, k, v = inputs(2, 4, 2, 45, seed=1, dtype=f32)
+    mask = padding(2, 45, 3)
+    got, state = _stream(kern, q, k, v, mask, pieces)
+    want, caches = brute_force(kern, q, k, v, mask)
+    torch.testing.assert_close(got[mask].to(f64), want[mask], rtol=1e-4, atol=1e-5)
+    for (r, h), cache in caches.items():
+        assert cached_positions(state, r, h) == cache
+
+
 def test_the_cache_at_p_depends_only_on_the_prompt_up_to_p():
     """Question-agnostic: two prompts identical up to position p and different after it hold the same cache at p
     (and give the same outputs before it), whichever way they are fed."""

@@ -40,7 +40,7 @@ from ..linear.gated import (
     gated_linear,
     per_feature,
 )
-from ..linear.sparse_cache import sparse_window
+from ..linear.sparse_cache import sparse_window, with_pending
 from ..linear.state import LinearState, with_ones
 from ..linear.window import hybrid_attention, update_sinks
 from ..registry import sparse_cache_kernels
@@ -385,18 +385,19 @@ class LinearKernel(Kernel):
             off[heads] = float("-inf")
             off = off.view(hkv, -1)
             log_mix = off if log_mix is None else log_mix + off
+        zero = torch.zeros(1, device=k.device, dtype=torch.long)
+
+        def key_features(keys: torch.Tensor) -> torch.Tensor:
+            return self.feature_k(dense(keys), zero.expand(keys.shape[-2]), scaling).to(accum(fk).dtype)
+
+        read = None if state is None else with_pending(state, key_features)  # the state the feature-map part reads
         raw, top = hybrid_attention(gq, k, v, fq, fk, window=self.window, scaling=scaling, causal=True,
-                                    key_mask=key_mask, state=state, log_mix=log_mix,
-                                    chunk_size=self.options.chunk_size, sinks=sinks, offset=offset, raw=True,
-                                    blocked=not self._needs_grad(q, k, v, state))
+                                    key_mask=key_mask, state=read, log_mix=log_mix, chunk_size=self.options.chunk_size,
+                                    sinks=sinks, offset=offset, raw=True, blocked=not self._needs_grad(q, k, v, state))
         b, m = k.shape[0], k.shape[-2]
         lin_w = torch.ones(b, m, dtype=torch.bool, device=k.device) if key_mask is None else key_mask.to(torch.bool)
         if sinks is not None:
             lin_w = lin_w & ~sinks.holds(offset, m)
-        zero = torch.zeros(1, device=k.device, dtype=torch.long)
-
-        def key_features(keys: torch.Tensor) -> torch.Tensor:
-            return self.feature_k(dense(keys), zero.expand(keys.shape[-2]), scaling).to(raw.dtype)
 
         out, s, cache = sparse_window(
             raw, top, accum(gq), fq, accum(k), accum(v), fk, lin_w, state, None if state is None else state.sparse,
