@@ -14,7 +14,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from .kernels import KERNELS, defining_module, validate_params
+from .kernels import KERNELS, SOFTMAX, defining_module, validate_params
 from .kernels.registry import KernelModuleError
 
 CONFIG_KEY = "kernel_attention"
@@ -72,7 +72,7 @@ class KernelAttentionConfig:
             if bad:
                 raise ValueError(f"layers={list(layers)!r}: layer index {bad} out of range: the model has {num_layers} "
                                  f"attention layers (valid indices 0..{num_layers - 1}, or -{num_layers}..-1)")
-            overrides = {i: LayerChoice("softmax") for i in range(num_layers) if i not in chosen}
+            overrides = {i: LayerChoice(SOFTMAX) for i in range(num_layers) if i not in chosen}
         else:
             raise ValueError(
                 f"layers must be None, a list of layer indices or a dict {{index: kernel}}, got {layers!r}"

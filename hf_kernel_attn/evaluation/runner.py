@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 
 import hf_kernel_attn
 
+from ..kernels import SOFTMAX
 from ..model_paths import check_local_path, load_errors, locate_model
 from .families.embedding import embed, mean_pool
 from .families.long_context import COST_KEYS, LONG_CONTEXT_KEYS
@@ -63,7 +64,7 @@ class ModelSpec:
 
     def kernel_name(self, model) -> str:
         cfg = hf_kernel_attn.kernel_config(model)
-        return cfg.kernel if cfg else "softmax"
+        return cfg.kernel if cfg else SOFTMAX
 
     def params_repr(self, model) -> dict[str, Any]:
         cfg = hf_kernel_attn.kernel_config(model)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..config import KernelAttentionConfig, LayerChoice
-from ..kernels import LinearKernel
+from ..kernels import SOFTMAX, LinearKernel
 from ..kernels.base import group_queries
 from ..kernels.linear.window import branch_normalisers
 from .attention import KERNEL_ATTR
@@ -99,7 +99,7 @@ def window_only_config(model: nn.Module) -> KernelAttentionConfig:
     choices: dict[int, Any] = {i: kcfg.for_layer(i) for i in range(len(attention_modules(model)))}
     for i, k in layers.items():
         sinks = getattr(k.options, "sinks", 0)
-        choices[i] = LayerChoice("softmax", {"window": k.window, **({"sinks": sinks} if sinks else {})})
+        choices[i] = LayerChoice(SOFTMAX, {"window": k.window, **({"sinks": sinks} if sinks else {})})
     return KernelAttentionConfig(kernel=kcfg.kernel, params=dict(kcfg.params), layers=choices)
 
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..config import KernelAttentionConfig, LayerChoice
+from ..kernels import SOFTMAX
 from .modules import num_attention_layers
 from .patching import apply_config, kernel_config
 from .transfer import attention_probe, attention_transfer, softmax_teacher
@@ -114,7 +115,7 @@ def apply_choice(model: nn.Module, kernel: str, params: dict[str, Any], softmax_
                  record: dict[str, Any]) -> nn.Module:
     """Keep ``softmax_layers`` as softmax and every other layer on ``kernel``; layers that keep their kernel keep
     its (possibly trained) parameters. ``record`` goes to ``config.kernel_attention["auto"]``."""
-    kcfg = KernelAttentionConfig.create(kernel, {i: "softmax" for i in softmax_layers},
+    kcfg = KernelAttentionConfig.create(kernel, {i: SOFTMAX for i in softmax_layers},
                                         num_layers=num_attention_layers(model), **params)
     kcfg.auto = record
     return apply_config(model, kcfg)

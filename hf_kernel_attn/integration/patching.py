@@ -25,7 +25,7 @@ from torch import nn
 
 from ..config import CONFIG_KEY, KernelAttentionConfig, LayerChoice
 from ..fileio import write_json_atomic
-from ..kernels import KERNELS, Kernel, LayerShape, build_kernel, kernel_class
+from ..kernels import KERNELS, SOFTMAX, Kernel, LayerShape, build_kernel, kernel_class
 from ..kernels.registry import causal_only_kernels
 from . import positions
 from .attention import KERNEL_ATTR, SAVED_NAME
@@ -116,7 +116,7 @@ def keep_native_windows(model: nn.Module, modules: list[nn.Module], kcfg: Kernel
         choice = kcfg.for_layer(i)
         if choice.params.get("window", 0):
             continue
-        kcfg.layers[i] = LayerChoice("softmax", {"window": window})
+        kcfg.layers[i] = LayerChoice(SOFTMAX, {"window": window})
 
 
 def _attach(model: nn.Module, modules: list[nn.Module], kcfg: KernelAttentionConfig) -> None:

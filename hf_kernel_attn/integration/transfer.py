@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from ..kernels import Kernel, LayerShape, build_kernel
+from ..kernels import SOFTMAX, Kernel, LayerShape, build_kernel
 
 TRANSFER_LOSSES = ("mse",)
 
@@ -80,7 +80,7 @@ _SOFTMAX: dict[LayerShape, Kernel] = {}
 
 def _softmax_for(shape: LayerShape) -> Kernel:
     if shape not in _SOFTMAX:
-        _SOFTMAX[shape] = build_kernel("softmax", shape)
+        _SOFTMAX[shape] = build_kernel(SOFTMAX, shape)
     return _SOFTMAX[shape]
 
 

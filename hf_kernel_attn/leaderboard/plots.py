@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..evaluation.task import lower_is_better
-from ..kernels import is_softmax
+from ..kernels import SOFTMAX, is_softmax
 from .chance import Chance, at_chance
 
 HEAT_RANGE = 3.0  # the heat map's colour scale: log2 ratios in [-3, 3] (1/8x ... 8x softmax)
@@ -58,7 +58,7 @@ def heat_grid(rows: Sequence[tuple[str, str]], columns: Sequence[str], cell: Map
             if at_chance(r["value"], chances.get((name, kernel, t))):
                 chance[i, j] = True
                 continue
-            base = cell.get((name, "softmax", t), first_softmax.get(t))
+            base = cell.get((name, SOFTMAX, t), first_softmax.get(t))
             if base is None or not base["value"]:
                 continue
             ratio = r["value"] / base["value"]

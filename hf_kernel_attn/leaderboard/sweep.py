@@ -67,7 +67,7 @@ import torch
 from ..evaluation.runner import ModelSpec, run_eval
 from ..evaluation.task import TaskMap, find_task, main_metric
 from ..evaluation.tasks import check_split, check_tasks
-from ..kernels import KERNELS, import_modules, is_softmax
+from ..kernels import KERNELS, SOFTMAX, import_modules, is_softmax
 from ..training.events import reached
 from .chance import LOWER_IS_BETTER
 from .plots import HEAT_RANGE, heat_values
@@ -522,7 +522,7 @@ def _speed_model(m: dict[str, Any], length: int, repeats: int) -> list[dict[str,
                   f"{row['ratio_vs_softmax']:.2f}x softmax's time", flush=True)
 
     with heartbeat(label, status):
-        models, kind = load_models(m["model"], kernels=["softmax", *(k for k in m["kernels"] if k != "saved")],
+        models, kind = load_models(m["model"], kernels=[SOFTMAX, *(k for k in m["kernels"] if k != "saved")],
                                    gguf_file=m.get("gguf_file"), params=m.get("kernel_params"))
         runs = [k for k, model in models.items() if model is not None]
         for k in runs:

@@ -136,7 +136,7 @@ def plot_real(model_path: str, gguf_file: str | None, layer: int | None, head: i
     text = read_passage(data_file)
     ids = tok(text, return_tensors="pt").input_ids[:, :tokens]
     words = tok.convert_ids_to_tokens(ids[0])
-    hf_kernel_attn.patch(model, kernel="softmax")
+    hf_kernel_attn.patch(model, kernel=SOFTMAX)
     ref = layer_qkv(model, layer, ids)
     q, k, v, s = ref["q"], ref["k"], ref["v"], ref["scaling"]
     maps: dict[str, torch.Tensor] = {}
@@ -164,7 +164,7 @@ def plot_real(model_path: str, gguf_file: str | None, layer: int | None, head: i
         del cmodel
     _plot_maps(maps, conv_maps, words, layer, head, output_dir / "attention_maps.png")
     _plot_values(logks, conv_logks, layer, head, output_dir / "kernel_values.png")
-    ref_w = maps["softmax"]
+    ref_w = maps[SOFTMAX]
     return {
         "model": model_path, "layer": layer, "head": head, "tokens": len(words), "text_tokens": words,
         "scaling": s, "q_norm_mean": float(q[0, head].norm(dim=-1).mean()),

@@ -38,9 +38,9 @@ from typing import Any
 
 import torch
 
-from ..kernels import KERNELS, Kernel, LayerShape, build_kernel, kernel_class
+from ..kernels import KERNELS, SOFTMAX, Kernel, LayerShape, build_kernel, kernel_class
 
-BASELINE = "softmax"
+BASELINE = SOFTMAX
 MAX_LEN_QUADRATIC = 32768
 MAX_LEN_LINEAR = 65536
 BACKWARD_FLOP_FACTOR = 3.0  # forward + backward = 3 x forward matmul FLOPs

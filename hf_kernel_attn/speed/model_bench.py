@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..kernels import KERNELS
+from ..kernels import KERNELS, SOFTMAX
 from ..model_paths import load_errors, locate_model
 
-BASELINE = "softmax"
+BASELINE = SOFTMAX
 KINDS = ("causal_lm", "embedding")
 ROW_KEYS = ("model", "kind", "kernel", "batch", "length", "tokens", "time_s", "ratio_vs_softmax", "times_s",
             "status", "reason")

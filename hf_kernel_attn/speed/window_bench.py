@@ -65,7 +65,7 @@ def window_speed(
                 start = time.perf_counter()
                 modules[config](q, k, v, causal=True)
                 times[config].append(time.perf_counter() - start)
-    base = times[("softmax", 0)]
+    base = times[(SOFTMAX, 0)]
     rows = []
     for name, w in configs:
         ratios = [t / b for t, b in zip(times[(name, w)], base, strict=True)]

@@ -347,7 +347,7 @@ def validate(config: dict[str, Any]) -> None:
         _check(KERNELS[config["kernel"]].is_linear,
                f"heads: {heads!r} keeps some heads of feature-map layers exact; kernel {config['kernel']!r} is not a "
                f"feature-map kernel (one of {sorted(n for n, c in KERNELS.items() if c.is_linear)})")
-        _check(criterion != "retrieval" or config["task"] == "causal_lm",
+        _check(criterion != "retrieval" or TASK_TYPES[config["task"]].language_model,
                f"heads: {heads!r} scores heads on recall facts answered by a causal LM; task {config['task']!r} "
                "can use 'auto:K' (transfer error)")
     _check(isinstance(config["heads_share_kv"], bool), f"heads_share_kv must be true or false, got "
@@ -374,7 +374,7 @@ def validate(config: dict[str, Any]) -> None:
            f"data.recall_fraction must be in [0, 1], got {data['recall_fraction']!r}")
     _check(_is_int(data["recall_max_facts"], 1),
            f"data.recall_max_facts must be an integer >= 1, got {data['recall_max_facts']!r}")
-    _check(not data["recall_fraction"] or config["task"] == "causal_lm",
+    _check(not data["recall_fraction"] or TASK_TYPES[config["task"]].language_model,
            f"data.recall_fraction adds recall facts to language-modelling text: it needs task causal_lm, got "
            f"{config['task']!r}")
     if config["mixed_precision"] is False:  # YAML 1.1 reads an unquoted `no` as false

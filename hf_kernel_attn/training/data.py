@@ -43,14 +43,15 @@ def _read(path: Path) -> str:
     return read_text_file(path, "data.train file", allow_empty=False)
 
 
-def check_training_data(config: dict[str, Any]) -> None:
+def check_training_data(config: dict[str, Any], *, glue_rows: bool) -> None:
     """Before the model loads: every local ``data.train`` file exists and is non-empty UTF-8 text, and
-    GLUE files (``data.glue_task``) have the task's columns and valid labels; errors name the file."""
+    GLUE files (``data.glue_task``, read as labelled rows when ``glue_rows``: a task that is not a language
+    model) have the task's columns and valid labels; errors name the file."""
     data = config["data"]
     source = _train_files(data["train"])
     if isinstance(source, str):
         return  # a hub dataset: read (and checked) by datasets
-    if data["glue_task"] and config["task"] != "causal_lm":
+    if data["glue_task"] and glue_rows:
         from ..data.glue import read_glue_file
 
         for f in source:

@@ -59,7 +59,7 @@ from .hub import push_folder
 from .model_card import write_card
 from .recall_data import recall_block_spans, recall_span_targets
 from .schedules import make_scheduler
-from .stages import STAGE_TYPES
+from .stages import STAGE_TYPES, Trains
 from .tasks import TASK_TYPES
 
 LOG_FILE = "training_log.jsonl"
@@ -331,16 +331,21 @@ class Trainer:
         return self.model.get_base_model() if self.is_peft() else self.model
 
     # ---------------------------------------------------------------- stages
-    def _trains(self, stage: str) -> str:
-        """What ``stage`` trains: ``kernel`` (transfer), ``lora`` or ``full``."""
-        return self.stages[stage].trains()
+    def _trains(self, stage: str) -> Trains:
+        """What ``stage`` trains (:class:`Trains`); a stage of one's own may return the config value."""
+        trains = self.stages[stage].trains()
+        try:
+            return Trains(trains)
+        except ValueError:
+            raise ValueError(f"stage {stage!r}: trains() returned {trains!r}; it must be one of "
+                             f"{[t.value for t in Trains]}") from None
 
     def _enter(self, stage: str) -> None:
         """Give the model the structure of ``stage`` (LoRA adapters in, or merged out)."""
         trains = self._trains(stage)
-        if trains == "lora" and not self.is_peft():
+        if trains is Trains.LORA and not self.is_peft():
             self.model = self._wrap_lora(self.model, stage)
-        elif trains == "full" and self.is_peft():
+        elif trains is Trains.FULL and self.is_peft():
             self.model = self.model.merge_and_unload()
 
     def is_peft(self) -> bool:
@@ -374,12 +379,12 @@ class Trainer:
     def _set_trainable(self, stage: str) -> list[torch.nn.Parameter]:
         stage_cfg = self.config["stages"][stage]
         trains = self._trains(stage)
-        chosen = stage_cfg.get("target_modules") if trains == "full" else None  # distill's train: full
+        chosen = stage_cfg.get("target_modules") if trains is Trains.FULL else None  # distill's train: full
         for n, p in self.model.named_parameters():
             is_kernel = id(p) in self.kernel_params
-            if trains == "kernel":
+            if trains is Trains.KERNEL:
                 p.requires_grad_(is_kernel)
-            elif trains == "lora":
+            elif trains is Trains.LORA:
                 adapter = "lora_" in n or "modules_to_save" in n
                 p.requires_grad_(adapter or (is_kernel and stage_cfg["train_kernel"]))
             else:
@@ -452,7 +457,7 @@ class Trainer:
             self._check_output_dir()
             ckpt.remove_partial(self.out)
         self._wait()
-        check_training_data(cfg)  # bad data files fail before the model loads
+        check_training_data(cfg, glue_rows=not self.task_impl.language_model)  # before the model loads
         self._load()
         self._load_data()
         state = {"global_step": 0, "stage": None, "stage_step": 0, "stage_done": False, "position": 0,
@@ -487,7 +492,7 @@ class Trainer:
         if resume_from is None and cfg["validate"]:
             self._log_validation(state, "start")
         for i, stage in enumerate(active):
-            if stage != "transfer":
+            if self.stages[stage].applies_auto_choice:
                 self._apply_auto_layers()
                 self._apply_auto_heads()
             if i < done_before:
@@ -523,7 +528,8 @@ class Trainer:
         if checkpointing:
             self._base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # accelerate's FSDP shards the model in every stage it prepares; ours (sharding: fsdp) the full stage
-        self.sharded = self.world > 1 and (self.accelerate_fsdp or (cfg["sharding"] == "fsdp" and stage == "full"))
+        ours = cfg["sharding"] == "fsdp" and self.stages[stage].fsdp
+        self.sharded = self.world > 1 and (self.accelerate_fsdp or ours)
         if self.sharded and not self.accelerate_fsdp:
             sharding.shard(self.model)
             params = [p for p in self.model.parameters() if p.requires_grad]

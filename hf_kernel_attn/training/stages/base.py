@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -12,7 +13,15 @@ from ...registry import Registry
 if TYPE_CHECKING:
     from ..trainer import Trainer
 
-TRAINS = ("kernel", "lora", "full")  # what a stage can train
+class Trains(str, enum.Enum):
+    """What a stage trains: the kernels' own parameters, LoRA adapters, or the model's weights."""
+
+    KERNEL = "kernel"
+    LORA = "lora"
+    FULL = "full"
+
+
+TRAINS = tuple(t.value for t in Trains)  # what a stage can train, as config values
 # every stage's keys (a stage adds its own in `defaults`)
 COMMON_DEFAULTS: dict[str, Any] = {"steps": 0, "lr": 1e-3, "max_minutes": None, "warmup_steps": 0,
                                    "schedule": "constant", "weight_decay": 0.0, "max_grad_norm": None}
@@ -58,6 +67,10 @@ class TrainingStage:
     order: ClassVar[int] = 0  # stages run in increasing order
     defaults: ClassVar[dict[str, Any]] = {}  # this stage's keys beyond COMMON_DEFAULTS (and their overrides)
     train_mode: ClassVar[bool] = True  # the model's mode while it trains (dropout on)
+    # the automatic layer and head choices (layers: auto:K, heads: ...:K), measured once attention transfer is
+    # over, are applied before this stage runs
+    applies_auto_choice: ClassVar[bool] = True
+    fsdp: ClassVar[bool] = False  # the config's ``sharding: fsdp`` shards the model while this stage runs
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
@@ -68,8 +81,8 @@ class TrainingStage:
         """A problem with this stage's keys (an error message), or None."""
         return None
 
-    def trains(self) -> str:
-        """What the stage trains: ``kernel`` (the kernels' own parameters), ``lora`` (adapters) or ``full``."""
+    def trains(self) -> Trains:
+        """What the stage trains: :class:`Trains` (``kernel``, ``lora`` or ``full``)."""
         raise NotImplementedError
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:

@@ -12,9 +12,10 @@ import torch
 
 from ...integration.transfer import softmax_teacher
 from ..losses import distillation_loss
-from .base import LORA_DEFAULTS, TrainingStage, check_lora_keys, register_stage
+from ..tasks import TASK_TYPES
+from .base import LORA_DEFAULTS, TrainingStage, Trains, check_lora_keys, register_stage
 
-DISTILL_TRAIN = ("lora", "full")
+DISTILL_TRAIN = (Trains.LORA.value, Trains.FULL.value)
 
 
 @register_stage
@@ -33,19 +34,19 @@ class DistillStage(TrainingStage):
         w = stage["ce_weight"]
         if not (isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0):
             return f"stages.distill.ce_weight must be a number >= 0, got {w!r}"
-        if stage["steps"] and config["task"] != "causal_lm":
+        if stage["steps"] and not TASK_TYPES[config["task"]].language_model:
             return (f"stages.distill distils next-token distributions: it needs task causal_lm, got "
                     f"{config['task']!r} (sentence_embedding distils the teacher's embeddings in the lora/full stages)")
         return check_lora_keys("distill", stage)
 
-    def trains(self) -> str:
-        return self.cfg["train"]
+    def trains(self) -> Trains:
+        return Trains(self.cfg["train"])
 
     @torch.no_grad()
     def teacher_logits(self, batch: dict[str, Any]) -> torch.Tensor:
         t = self.trainer
         inputs = {**t.task_impl.inputs(batch), "use_cache": False}
-        if self.trains() == "full":
+        if self.trains() is Trains.FULL:
             if getattr(self, "_teacher_model", None) is None:
                 self._teacher_model = t.load_original_model().to(t.device).eval().requires_grad_(False)
             return self._teacher_model(**inputs).logits

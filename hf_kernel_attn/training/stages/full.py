@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .base import TrainingStage, register_stage
+from .base import TrainingStage, Trains, register_stage
 
 
 @register_stage
@@ -15,9 +15,10 @@ class FullStage(TrainingStage):
     name = "full"
     order = 3
     defaults = {"lr": 2e-5, "max_grad_norm": 1.0, "train_kernel": True}
+    fsdp = True
 
-    def trains(self) -> str:
-        return "full"
+    def trains(self) -> Trains:
+        return Trains.FULL
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
         return self.trainer.task_impl.loss(self.trainer.student(), batch)

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .base import LORA_DEFAULTS, TrainingStage, check_lora_keys, register_stage
+from .base import LORA_DEFAULTS, TrainingStage, Trains, check_lora_keys, register_stage
 
 
 @register_stage
@@ -19,8 +19,8 @@ class LoraStage(TrainingStage):
     def check_config(cls, stage: dict[str, Any], config: dict[str, Any]) -> str | None:
         return check_lora_keys("lora", stage)
 
-    def trains(self) -> str:
-        return "lora"
+    def trains(self) -> Trains:
+        return Trains.LORA
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
         return self.trainer.task_impl.loss(self.trainer.student(), batch)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ...integration.transfer import TRANSFER_LOSSES, attention_transfer
-from .base import TrainingStage, register_stage
+from .base import TrainingStage, Trains, register_stage
 
 
 @register_stage
@@ -18,6 +18,7 @@ class TransferStage(TrainingStage):
     order = 0
     defaults = {"lr": 1e-2, "loss": "mse"}
     train_mode = False  # the teacher and student see no dropout
+    applies_auto_choice = False  # the layer and head choices are measured on its result
 
     @classmethod
     def check_config(cls, stage: dict[str, Any], config: dict[str, Any]) -> str | None:
@@ -25,8 +26,8 @@ class TransferStage(TrainingStage):
             return f"stages.transfer.loss must be one of {list(TRANSFER_LOSSES)}, got {stage['loss']!r}"
         return None
 
-    def trains(self) -> str:
-        return "kernel"
+    def trains(self) -> Trains:
+        return Trains.KERNEL
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
         t = self.trainer

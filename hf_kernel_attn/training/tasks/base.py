@@ -37,6 +37,9 @@ class TrainingTask:
     hub_task: ClassVar[str] = "feature-extraction"  # the model card's task type
     pipeline_tag: ClassVar[str | None] = None  # the model card's pipeline tag
     held_out_name: ClassVar[str] = "held-out training rows"  # the model card's name for the validation data
+    # the model predicts the next token: recall facts in the text, next-token distillation and retrieval-head
+    # calibration need it
+    language_model: ClassVar[bool] = False
     # submodules the loss never reads (e.g. BERT's pooler under mean pooling): they stay frozen in every stage, so
     # that DistributedDataParallel does not wait for gradients that never come
     unused_modules: ClassVar[tuple[str, ...]] = ()

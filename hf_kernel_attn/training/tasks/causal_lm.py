@@ -20,6 +20,7 @@ class CausalLMTask(TrainingTask):
     pipeline_tag = "text-generation"
     held_out_name = "held-out end of the training text"
     peft_task_type = "CAUSAL_LM"
+    language_model = True
 
     def load_data(self) -> tuple[Any, Any]:
         return text_blocks(self.trainer.config, self.trainer.tokenizer)
