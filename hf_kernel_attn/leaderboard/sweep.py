@@ -64,13 +64,20 @@ from typing import Any
 
 import torch
 
+from ..evaluation.long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
+from ..evaluation.long_context.plots import plot_long_context
+from ..evaluation.long_context.runner import check_long_context_args
 from ..evaluation.runner import ModelSpec, run_eval
 from ..evaluation.task import TaskMap, find_task, main_metric
 from ..evaluation.tasks import check_split, check_tasks
 from ..kernels import KERNELS, SOFTMAX, import_modules, is_softmax
+from ..speed.model_bench import bench_models, load_models
+from ..training import finetune, load_config
+from ..training.checkpoint import read_jsonl_lines
+from ..training.config import ConfigError, nearest_key, parse_override, read_yaml_file, resolve_package_path
 from ..training.events import reached
-from .chance import LOWER_IS_BETTER
-from .plots import HEAT_RANGE, heat_values
+from .chance import LOWER_IS_BETTER, at_chance, chance_level
+from .plots import CHANCE_RULE, HEAT_RANGE, heat_values, write_plots
 
 __all__ = ["HEAT_RANGE", "LOWER_IS_BETTER", "MAIN_METRIC", "heat_values", "heartbeat", "leaderboard",
            "load_leaderboard_config", "render", "run_leaderboard"]
@@ -116,7 +123,6 @@ def heartbeat(label: str, status: Callable[[], str] | None = None) -> Iterator[N
 
 def _unknown_keys(keys: set, valid: set[str], where: str) -> None:
     """ValueError naming each unknown key, the nearest valid key, and the valid keys."""
-    from ..training.config import nearest_key
 
     unknown = sorted(str(k) for k in keys - valid)
     if unknown:
@@ -130,7 +136,6 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     ``models.2.finetune_set``), a YAML value, as ``finetune --set`` takes them. Mappings on the way are created
     where the config has none (``speed.repeats=1`` with ``speed: null``); a bad index is a ValueError naming the
     list's length. The result is checked like the file itself."""
-    from ..training.config import ConfigError, parse_override
 
     for item in overrides:
         try:
@@ -166,7 +171,6 @@ def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None
                             overrides: list[str] | None = None) -> dict[str, Any]:
     """Read and check a leaderboard YAML (with ``overrides``, ``KEY=VALUE`` items as in ``--set``); every error
     is a ValueError naming the bad key or value."""
-    from ..training.config import ConfigError, read_yaml_file, resolve_package_path
 
     path = Path(path)
     if not path.is_file():
@@ -188,8 +192,6 @@ def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None
     cfg.setdefault("batch_size", 1)
     cfg.setdefault("limit", None)
     cfg.setdefault("data_dir", "../shared/data")
-    from ..evaluation.long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
-    from ..evaluation.long_context.runner import check_long_context_args
 
     cfg.setdefault("lengths", list(DEFAULT_LENGTHS))
     cfg.setdefault("depths", list(DEFAULT_DEPTHS))
@@ -264,7 +266,6 @@ def _limit(cfg: dict[str, Any], task: str) -> int | None:
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Records of a JSONL file; a last line cut short (written by an older, non-atomic version) is dropped."""
-    from ..training.checkpoint import read_jsonl_lines
 
     if not path.exists():
         return []
@@ -295,7 +296,6 @@ def _append_cell(path: Path, records: list[dict[str, Any]]) -> None:
 
 def _finetuned(cfg: dict[str, Any], m: dict[str, Any], kernel: str) -> str | None:
     """Run (or resume) the conversion of one row; returns its final model folder."""
-    from ..training import finetune, load_config
 
     config_path = m["finetune"].format(kernel=kernel)
     out = Path(cfg["output_dir"]) / "models" / f"{m['name']}-{kernel}"
@@ -499,7 +499,6 @@ def _speed(cfg: dict[str, Any], path: Path) -> None:
 
 def _speed_model(m: dict[str, Any], length: int, repeats: int) -> list[dict[str, Any]]:
     """:func:`_speed` of one model entry: its rows of speed/model_bench.py's ``bench_models``."""
-    from ..speed.model_bench import bench_models, load_models
 
     label = f"speed {m['name']}"
     count = {"forwards": 0, "total": 0, "last": "loading the models"}
@@ -589,7 +588,6 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
     long_records = [r for r in records if r["split"] == split and _by_length(r["task"])]
     if long_records:
         try:
-            from ..evaluation.long_context.plots import plot_long_context
 
             plot_long_context(long_records, out / "long_context")
         except ImportError:
@@ -619,7 +617,6 @@ def _long_columns(task: str, cfg: dict[str, Any]) -> list[str]:
 def _chances(cfg: dict[str, Any], cell: dict[tuple[str, str, str], dict[str, Any]]) -> dict[tuple, Any]:
     """Each scored cell's chance level (:mod:`.chance`: from the task's definition and data; None for
     perplexity)."""
-    from .chance import chance_level
 
     out = {}
     for key, r in cell.items():
@@ -641,8 +638,6 @@ def _timed_as(cfg: dict[str, Any]) -> dict[tuple[str, str], tuple[str, str]]:
 
 def _chance_notes(rows, columns, cell, chances) -> list[str]:
     """leaderboard.md's lines on chance: each column's level(s) and the cells at or below it."""
-    from .chance import at_chance
-    from .plots import CHANCE_RULE
 
     lines = []
     for t in columns:
@@ -663,7 +658,6 @@ def _chance_notes(rows, columns, cell, chances) -> list[str]:
 
 
 def _plots(cfg: dict[str, Any], out: Path, rows, columns, cell, chances, speed_rows=()) -> None:
-    from .plots import write_plots
 
     with heartbeat("plots"):
         written = write_plots(out, rows, columns, cell, chances, speed_rows, _timed_as(cfg))
