@@ -77,9 +77,11 @@ def brute_force(kern, q, k, v, key_mask=None):
                     for j in others:
                         s_mat += torch.outer(fk[r, h, j], v[r, h, j])
                         z += fk[r, h, j]
+                    z_full = z + sum((fk[r, h, j] for j in cands), torch.zeros_like(z))
                     scores = {}
-                    for j in pool:
-                        read = (fk[r, h, j] @ s_mat) / max(float(fk[r, h, j] @ z), eps)
+                    for j in pool:  # the documented floor: ρ = 1e-3 of the mass with the candidates
+                        den = max(float(fk[r, h, j] @ z), 1e-3 * float(fk[r, h, j] @ z_full), eps)
+                        read = (fk[r, h, j] @ s_mat) / den
                         scores[j] = float((v[r, h, j] - read).square().sum())
                     cache = set(sorted(pool, key=lambda j: -scores[j])[:capacity])
                 for gi in range(g):

@@ -40,7 +40,7 @@ from ..linear.gated import (
     gated_linear,
     per_feature,
 )
-from ..linear.sparse_cache import sparse_window, with_pending
+from ..linear.sparse_cache import sparse_window
 from ..linear.state import LinearState, with_ones
 from ..linear.window import hybrid_attention, update_sinks
 from ..registry import sparse_cache_kernels
@@ -390,9 +390,8 @@ class LinearKernel(Kernel):
         def key_features(keys: torch.Tensor) -> torch.Tensor:
             return self.feature_k(dense(keys), zero.expand(keys.shape[-2]), scaling).to(accum(fk).dtype)
 
-        read = None if state is None else with_pending(state, key_features)  # the state the feature-map part reads
         raw, top = hybrid_attention(gq, k, v, fq, fk, window=self.window, scaling=scaling, causal=True,
-                                    key_mask=key_mask, state=read, log_mix=log_mix, chunk_size=self.options.chunk_size,
+                                    key_mask=key_mask, state=state, log_mix=log_mix, chunk_size=self.options.chunk_size,
                                     sinks=sinks, offset=offset, raw=True, blocked=not self._needs_grad(q, k, v, state))
         b, m = k.shape[0], k.shape[-2]
         lin_w = torch.ones(b, m, dtype=torch.bool, device=k.device) if key_mask is None else key_mask.to(torch.bool)

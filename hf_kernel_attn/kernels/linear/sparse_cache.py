@@ -7,23 +7,24 @@ at every boundary position t (t > 0 a multiple of the block B), before query t i
 
     candidates  = the real, non-sink keys that left the window since the last boundary (t - B - W < j ≤ t - W)
     pool        = cache ∪ candidates;   S', z' = the state of every other out-of-window key
-    score_j     = ‖v_j - S'ᵀφ(k_j) / max(z'·φ(k_j), eps)‖²   (self-recall error: what the state alone returns for k_j)
+    score_j     = ‖v_j - S'ᵀφ(k_j) / max(z'·φ(k_j), ρ z·φ(k_j), eps)‖²   (self-recall error: what the state alone
+                  returns for k_j; z = z' + the candidates' features, ρ = 1e-3)
     cache       ← the C pool pairs with the largest scores; the others are folded into the state.
 
 Query i then weighs e^{s q_i·k_j} over win(i) ∪ sinks ∪ cache(i) and λ_h φ(q_i)·φ(k_j) over every other key
-outside its window. Between boundaries a key leaving the window is read through the feature map at once, so with
-C = 0 this is the plain hybrid of :mod:`.window`.
+outside its window. Between boundaries a key leaving the window enters the state at once, so with C = 0 this is
+the plain hybrid of :mod:`.window`.
 
 Evaluation: the plain hybrid's unnormalised sums (``raw`` of :func:`.window.hybrid_attention`, from a state that
 leaves out the cache held at the start, cache₀) are corrected per segment of queries between two boundaries,
 which share one cache: + e^{s q·k} over cache(i), + λ φ(q)·φ(k) over cache₀, - λ φ(q)·φ(k) over cache(i) (a pair in
 both cancels), with one shift m_i = max(the hybrid's, the cache logits). The boundaries are a loop of O(N / B)
-steps on (C + B)-key pools. The keys that left the window since the last boundary (at most B, the candidates of
-the next one) wait in pending slots, outside the returned state, and each call adds them to the state it reads
-(:func:`with_pending`): S' is then a sum that only grows, never a state minus its candidates, whose float32
-rounding divided by a small z'·φ(k) made a score noise. The cache is a fixed number of slots, so its bytes do not
-grow with the context. Feature maps without a decay whose φ does not depend on the position (the state must give
-a pair back exactly when it leaves the cache).
+steps on (C + B)-key pools. Decoding keeps the keys folded since the last boundary (at most B) to score them at the
+next one, when S' is the state minus them. The floor ρ z·φ(k_j) says the state knows nothing about k_j when the keys
+left in it carry under a thousandth of k_j's feature mass: the difference of two float32 sums is then rounding
+noise, and dividing by it made scores noise (and the chosen pairs depend on the order of float operations). The
+cache is a fixed number of slots, so its bytes do not grow with the context. Feature maps without a decay whose φ
+does not depend on the position (the state must give a pair back exactly when it leaves the cache).
 """
 
 from __future__ import annotations
@@ -35,31 +36,26 @@ import torch
 from .state import LinearState, SparseCache, with_ones
 
 
-def _fold(s: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """s + Σ_j weight_j φ(k_j) [v_j, 1]ᵀ; ``s`` ``[B, H, F, Dv + 1]``, ``fk`` ``[B, H, L, F]``, ``weight``
+def _fold(s: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, weight: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
+    """s + sign · Σ_j weight_j φ(k_j) [v_j, 1]ᵀ; ``s`` ``[B, H, F, Dv + 1]``, ``fk`` ``[B, H, L, F]``, ``weight``
     ``[B, H, L]`` (0 or 1)."""
-    return s + (fk * weight[..., None]).transpose(-1, -2) @ with_ones(v)
+    return s + sign * ((fk * weight[..., None]).transpose(-1, -2) @ with_ones(v))
 
 
-def with_pending(state: LinearState, feature_k: Callable[[torch.Tensor], torch.Tensor]) -> LinearState:
-    """The state that the hybrid's feature-map part reads: ``state`` (which leaves out the sparse cache and the
-    pending keys, the real keys that left the window since the last boundary) plus the pending keys."""
-    cache = state.sparse
-    if cache is None:
-        return state
-    h = cache.pending_keys.shape[1]
-    s = _fold(torch.cat([state.S, state.z.unsqueeze(-1)], -1), feature_k(cache.pending_keys).to(state.S.dtype),
-              cache.pending_values.to(state.S.dtype), cache.pending_ok[:, None, :].expand(-1, h, -1).to(state.S.dtype))
-    dv = state.S.shape[-1]
-    return LinearState(s[..., :dv], s[..., dv], state.sinks, state.exact, cache)
+MASS_FLOOR = 1e-3  # ρ: below this share of a key's feature mass the state is taken to hold nothing about it
 
 
-def recall_error(s: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
-    """‖v_j - Sᵀφ(k_j) / max(zᵀφ(k_j), eps)‖² ``[B, H, L]``: how far the state (``s`` = [S, z] ``[B, H, F, Dv + 1]``)
-    is from giving back v_j for k_j."""
+def recall_error(s: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float,
+                 z_full: torch.Tensor | None = None) -> torch.Tensor:
+    """‖v_j - Sᵀφ(k_j) / max(zᵀφ(k_j), ρ z_fullᵀφ(k_j), eps)‖² ``[B, H, L]``: how far the state (``s`` = [S, z]
+    ``[B, H, F, Dv + 1]``) is from giving back v_j for k_j; ``z_full`` ``[B, H, F]`` the normaliser that ``z`` was
+    taken from (ρ = :data:`MASS_FLOOR`)."""
     read = fk @ s
     dv = v.shape[-1]
-    return (v - read[..., :dv] / read[..., dv:].clamp_min(eps)).square().sum(-1)
+    den = read[..., dv:].clamp_min(eps)
+    if z_full is not None:
+        den = torch.maximum(den, MASS_FLOOR * (fk @ z_full.unsqueeze(-1)))
+    return (v - read[..., :dv] / den).square().sum(-1)
 
 
 def sparse_window(
@@ -84,12 +80,10 @@ def sparse_window(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, SparseCache]:
     """The outputs ``[B, Hkv, G, N, Dv]`` of N queries at the last N of M key positions (``k``'s first at
-    ``offset``), the state after them (``[B, Hkv, F, Dv + 1]``: every out-of-window key but the cache and the
-    pending keys) and the cache.
+    ``offset``), the state after them (``[B, Hkv, F, Dv + 1]``: every out-of-window key but the cache) and the cache.
 
     ``raw`` ``[B, Hkv, G, N, Dv + 1]`` and ``top`` ``[B, Hkv, G, N, 1]``: the plain hybrid's unnormalised sums and
-    their shift, from ``with_pending(state)``; ``state`` holds every key before ``offset`` but cache₀ = ``cache``
-    and its pending keys; ``q`` grouped
+    their shift, from ``state`` (which holds every key before ``offset`` but cache₀ = ``cache``); ``q`` grouped
     ``[B, Hkv, G, N, D]``, ``fq`` its features, ``fk`` φ(k) ``[B, Hkv, M, F]``, ``lin_w`` ``[B, M]`` 1 for a real
     non-sink key; ``feature_k`` φ of cached keys ``[B, Hkv, L, D]`` (position-free maps); ``mix`` λ ``[Hkv, G]``
     or None (1)."""
@@ -111,12 +105,15 @@ def sparse_window(
     slot = torch.arange(block, device=k.device)
 
     def fold_to(last: int) -> None:
-        """Keys of this call at positions folded + 1 … last enter the pending slots (slot = position mod B; at most
-        B since a boundary). Written with ``where`` rather than ``index_copy``: inductor (torch 2.13) reused the
-        pending buffer in place while a gather from an earlier concatenation of it was still to be read."""
-        nonlocal folded, pend_k, pend_v, pend_pos, pend_ok
+        """Keys of this call at positions folded + 1 … last enter the state and the pending slots (slot = position
+        mod B; at most B since a boundary). The slots are written with ``where`` rather than ``index_copy``:
+        inductor (torch 2.13) reused the pending buffer in place while a gather from an earlier concatenation of it
+        was still to be read."""
+        nonlocal s, folded, pend_k, pend_v, pend_pos, pend_ok
         if last <= folded:
             return
+        lo, hi = folded + 1 - offset, last + 1 - offset
+        s = _fold(s, fk[:, :, lo:hi], v[:, :, lo:hi], lin_w[:, None, lo:hi].expand(-1, hkv, -1))
         latest = last - (last - slot) % block  # the newest position of each slot's class, ≤ last
         hit = latest > folded
         src = (latest - offset).clamp(0, m - 1)
@@ -137,16 +134,17 @@ def sparse_window(
         pool_f = torch.cat([feature_k(keys), cand_f], 2)
         pool_pos = torch.cat([pos, pend_pos.expand(b, hkv, -1)], 2)
         pool_ok = torch.cat([valid, cand_ok], 2)
-        score = recall_error(s, pool_f, pool_v, eps).masked_fill(~pool_ok, float("-inf"))
+        s_out = _fold(s, cand_f, pend_v, cand_ok.to(dtype), sign=-1.0)  # the state without the candidates
+        score = recall_error(s_out, pool_f, pool_v, eps, z_full=s[..., dv]).masked_fill(~pool_ok, float("-inf"))
         pick = score.topk(capacity, dim=-1).indices  # [B, Hkv, C]
         kept = torch.zeros_like(pool_ok).scatter_(-1, pick, True)
-        s = _fold(s, pool_f, pool_v, (pool_ok & ~kept).to(dtype))  # the rest of the pool joins the state
+        s = _fold(s_out, pool_f, pool_v, (pool_ok & ~kept).to(dtype))  # the rest of the pool joins the state
         keys = pool_k.gather(2, pick[..., None].expand(-1, -1, -1, d))
         values = pool_v.gather(2, pick[..., None].expand(-1, -1, -1, dv))
         pos, valid = pool_pos.gather(2, pick), pool_ok.gather(2, pick)
         pend_ok = torch.zeros_like(pend_ok)
         segments.append((t, (keys, values, valid)))
-    fold_to(offset + m - window)  # the keys outside the next position's window since the last boundary
+    fold_to(offset + m - window)  # the state after the last query: every key outside the next position's window
 
     segments.insert(0, (first_query, start_cache))
     out = raw[..., :dv] / raw[..., dv:].clamp_min(torch.finfo(dtype).tiny)
