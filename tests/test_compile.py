@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import hf_kernel_attn
+from hf_kernel_attn.kernels import LayerShape, build_kernel
 from tests.conftest import tiny_llama_model
 
 SOFTMAX_LIKE = [("softmax", {}), ("gaussian", {}), ("cosine", {})]
@@ -96,8 +97,6 @@ def test_sparse_cache_under_inductor_keeps_the_eager_pairs():
     """The default backend (inductor, with its buffer reuse) keeps the cached pairs and outputs of the eager run:
     torch 2.13's inductor once wrote the pending keys' buffer in place while a gather from an earlier
     concatenation of it was still to be read, so the compiled cache held other pairs and outputs moved by ~1."""
-    from hf_kernel_attn.kernels import LayerShape, build_kernel
-
     torch._dynamo.reset()
     kern = build_kernel("hedgehog", LayerShape(4, 2, 8, 0, 4096),
                         {"window": 4, "sinks": 1, "sparse_cache": 2, "sparse_block": 4})

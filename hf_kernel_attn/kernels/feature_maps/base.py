@@ -385,11 +385,6 @@ class LinearKernel(Kernel):
             off[heads] = float("-inf")
             off = off.view(hkv, -1)
             log_mix = off if log_mix is None else log_mix + off
-        zero = torch.zeros(1, device=k.device, dtype=torch.long)
-
-        def key_features(keys: torch.Tensor) -> torch.Tensor:
-            return self.feature_k(dense(keys), zero.expand(keys.shape[-2]), scaling).to(accum(fk).dtype)
-
         raw, top = hybrid_attention(gq, k, v, fq, fk, window=self.window, scaling=scaling, causal=True,
                                     key_mask=key_mask, state=state, log_mix=log_mix, chunk_size=self.options.chunk_size,
                                     sinks=sinks, offset=offset, raw=True, blocked=not self._needs_grad(q, k, v, state))
@@ -397,6 +392,10 @@ class LinearKernel(Kernel):
         lin_w = torch.ones(b, m, dtype=torch.bool, device=k.device) if key_mask is None else key_mask.to(torch.bool)
         if sinks is not None:
             lin_w = lin_w & ~sinks.holds(offset, m)
+        zero = torch.zeros(1, device=k.device, dtype=torch.long)
+
+        def key_features(keys: torch.Tensor) -> torch.Tensor:
+            return self.feature_k(dense(keys), zero.expand(keys.shape[-2]), scaling).to(raw.dtype)
 
         out, s, cache = sparse_window(
             raw, top, accum(gq), fq, accum(k), accum(v), fk, lin_w, state, None if state is None else state.sparse,
