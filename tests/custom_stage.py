@@ -24,4 +24,4 @@ class ScaledKernelStage(TrainingStage):
         return "kernel"
 
     def loss(self, batch):
-        return self.cfg["weight"] * self.trainer.task_impl.loss(self.trainer.student(), batch)
+        return self.cfg["weight"] * self.task.loss(self.context.student(), batch)

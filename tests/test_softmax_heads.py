@@ -276,7 +276,7 @@ def test_finetune_heads_retrieval_keeps_the_teachers_retrieval_heads(tiny_llama,
     scores = record["head_scores"]
     # the reference: find each fact and its answer in the calibration blocks by decoding, score with eager attention
     tok = AutoTokenizer.from_pretrained(tiny_llama)
-    rows = trainer._calibration_batches()
+    rows = trainer.setup.calibration_batches()
     from hf_kernel_attn.training.recall_data import recall_block
 
     want = torch.zeros(2, 4, dtype=torch.float64)

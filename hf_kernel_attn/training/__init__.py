@@ -12,12 +12,13 @@ from .blocks import (
     teacher_embeddings,
 )
 from .config import ConfigError, defaults, load_config
+from .context import RunContext
 from .losses import distillation_loss
 from .stages import TrainingStage, register_stage
 from .tasks import TrainingTask, register_task
 from .trainer import Trainer, finetune
 
-__all__ = ["DEFAULTS", "AttentionTransferModel", "ConfigError", "EmbeddingDistillationModel", "Trainer",
+__all__ = ["DEFAULTS", "AttentionTransferModel", "ConfigError", "EmbeddingDistillationModel", "RunContext", "Trainer",
            "attention_transfer", "defaults", "distillation_loss", "finetune", "kernel_parameters", "load_config",
            "register_stage", "register_task", "softmax_teacher", "teacher_embeddings", "TrainingStage",
            "TrainingTask"]

@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from ...registry import Registry
+from ..context import RunContext
+from ..tasks import TrainingTask
 
-if TYPE_CHECKING:
-    from ..trainer import Trainer
 
 class Trains(str, enum.Enum):
     """What a stage trains: the kernels' own parameters, LoRA adapters, or the model's weights."""
@@ -60,8 +60,9 @@ def check_lora_keys(name: str, stage: dict[str, Any]) -> str | None:
 
 
 class TrainingStage:
-    """One stage of a conversion run. ``trainer`` runs it: the model, its task (``trainer.task_impl``) and the
-    prepared training model (``trainer.student()``)."""
+    """One stage of a conversion run. The trainer runs it; the stage sees the run through ``self.context``
+    (:class:`~hf_kernel_attn.training.RunContext`: config, device, model, ``student()`` -- the prepared model a
+    step runs) and its task through ``self.task`` (:class:`~hf_kernel_attn.training.TrainingTask`: inputs, loss)."""
 
     name: ClassVar[str] = ""
     order: ClassVar[int] = 0  # stages run in increasing order
@@ -72,9 +73,16 @@ class TrainingStage:
     applies_auto_choice: ClassVar[bool] = True
     fsdp: ClassVar[bool] = False  # the config's ``sharding: fsdp`` shards the model while this stage runs
 
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-        self.cfg = trainer.config["stages"][self.name]
+    def __init__(self, context: RunContext, task: TrainingTask) -> None:
+        self.context = context
+        self.task = task
+        self.cfg = context.config["stages"][self.name]
+
+    @property
+    def trainer(self) -> RunContext:
+        raise AttributeError(f"{type(self).__name__}.trainer: a stage sees the run as `self.context` "
+                             "(hf_kernel_attn.training.RunContext: config, device, model, student()) and its task "
+                             "as `self.task` (inputs, loss), not the trainer")
 
     @classmethod
     def check_config(cls, stage: dict[str, Any], config: dict[str, Any]) -> str | None:

@@ -44,8 +44,8 @@ class DistillStage(TrainingStage):
 
     @torch.no_grad()
     def teacher_logits(self, batch: dict[str, Any]) -> torch.Tensor:
-        t = self.trainer
-        inputs = {**t.task_impl.inputs(batch), "use_cache": False}
+        t = self.context
+        inputs = {**self.task.inputs(batch), "use_cache": False}
         if self.trains() is Trains.FULL:
             if getattr(self, "_teacher_model", None) is None:
                 self._teacher_model = t.load_original_model().to(t.device).eval().requires_grad_(False)
@@ -60,10 +60,9 @@ class DistillStage(TrainingStage):
             t.model.train(was_training)
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        t = self.trainer
         teacher = self.teacher_logits(batch)
-        out = t.student()(**t.task_impl.inputs(batch), labels=batch["input_ids"] if self.cfg["ce_weight"] else None,
-                          use_cache=False)
+        labels = batch["input_ids"] if self.cfg["ce_weight"] else None
+        out = self.context.student()(**self.task.inputs(batch), labels=labels, use_cache=False)
         loss = distillation_loss(out.logits, teacher, temperature=self.cfg["temperature"])
         if self.cfg["ce_weight"]:
             loss = loss + self.cfg["ce_weight"] * out.loss

@@ -21,4 +21,4 @@ class FullStage(TrainingStage):
         return Trains.FULL
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        return self.trainer.task_impl.loss(self.trainer.student(), batch)
+        return self.task.loss(self.context.student(), batch)

@@ -23,4 +23,4 @@ class LoraStage(TrainingStage):
         return Trains.LORA
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        return self.trainer.task_impl.loss(self.trainer.student(), batch)
+        return self.task.loss(self.context.student(), batch)

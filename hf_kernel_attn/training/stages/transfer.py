@@ -30,12 +30,12 @@ class TransferStage(TrainingStage):
         return Trains.KERNEL
 
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        t = self.trainer
-        kwargs = t.task_impl.inputs(batch)
-        if "logits_to_keep" in t.forward_kwargs:
+        ctx = self.context
+        kwargs = self.task.inputs(batch)
+        if "logits_to_keep" in ctx.forward_kwargs:
             kwargs["logits_to_keep"] = 1  # the LM head is not needed for a layer-local loss
-        if "use_cache" in t.forward_kwargs:
+        if "use_cache" in ctx.forward_kwargs:
             kwargs["use_cache"] = False
         with attention_transfer(self.cfg["loss"]) as rec:
-            t.student()(**kwargs)
+            ctx.student()(**kwargs)
             return rec.total()

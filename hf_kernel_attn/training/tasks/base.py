@@ -4,15 +4,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from ...registry import Registry
-
-if TYPE_CHECKING:  # the trainer drives a task; a task only reads the trainer's model, tokenizer and config
-    from ..trainer import Trainer
-
+from ..context import RunContext
 
 
 def register_task(cls: type[TrainingTask]) -> type[TrainingTask]:
@@ -44,8 +41,14 @@ class TrainingTask:
     # that DistributedDataParallel does not wait for gradients that never come
     unused_modules: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
+    def __init__(self, context: RunContext) -> None:
+        self.context = context  # the run's config, device, tokenizer, model and data
+
+    @property
+    def trainer(self) -> RunContext:
+        raise AttributeError(f"{type(self).__name__}.trainer: a task gets the run's context as `self.context` "
+                             "(hf_kernel_attn.training.RunContext: config, device, tokenizer, model, data), not the "
+                             "trainer")
 
     @classmethod
     def check_config(cls, config: dict[str, Any]) -> str | None:

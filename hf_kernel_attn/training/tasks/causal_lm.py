@@ -23,10 +23,10 @@ class CausalLMTask(TrainingTask):
     language_model = True
 
     def load_data(self) -> tuple[Any, Any]:
-        return text_blocks(self.trainer.config, self.trainer.tokenizer)
+        return text_blocks(self.context.config, self.context.tokenizer)
 
     def batch(self, items: Any, idx: list[int]) -> tuple[dict[str, Any], int]:
-        ids = items[idx].to(self.trainer.device)
+        ids = items[idx].to(self.context.device)
         return {"input_ids": ids}, ids.numel()
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:

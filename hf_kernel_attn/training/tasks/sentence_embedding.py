@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ...evaluation.runner import mean_pool
+from ...evaluation.families.embedding import mean_pool
 from ...integration.transfer import softmax_teacher
 from ..data import BatchPlan, sentences
 from .base import TrainingTask, register_task
@@ -25,10 +25,10 @@ class SentenceEmbeddingTask(TrainingTask):
     unused_modules = ("pooler",)  # the loss mean-pools last_hidden_state
 
     def load_data(self) -> tuple[Any, Any]:
-        return sentences(self.trainer.config)
+        return sentences(self.context.config)
 
     def batch(self, items: Any, idx: list[int]) -> tuple[dict[str, Any], int]:
-        enc = self.trainer.encode([items[i] for i in idx])
+        enc = self.context.encode([items[i] for i in idx])
         enc["teacher_index"] = idx
         return enc, int(enc["attention_mask"].sum())
 
@@ -54,10 +54,10 @@ class SentenceEmbeddingTask(TrainingTask):
         copy_sentence_transformers_files(source, target)
 
     def calibration_batch(self, rows: Any) -> dict[str, Any]:
-        return dict(self.trainer.encode([r if isinstance(r, str) else r.text_a for r in rows]))
+        return dict(self.context.encode([r if isinstance(r, str) else r.text_a for r in rows]))
 
     def _embed(self, model: torch.nn.Module, texts: list[str]) -> torch.Tensor:
-        enc = self.trainer.encode(texts)
+        enc = self.context.encode(texts)
         return mean_pool(model(**enc).last_hidden_state, enc["attention_mask"]).float()
 
     @torch.no_grad()
@@ -65,7 +65,7 @@ class SentenceEmbeddingTask(TrainingTask):
         """The original model's pooled embedding of every training sentence the run will read (``self.teacher``)."""
         if hasattr(self, "teacher"):
             return
-        t = self.trainer
+        t = self.context
         data = t.config["data"]
         total = sum(s["steps"] for s in t.config["stages"].values()) * data["grad_accum"]
         plan = BatchPlan(t.plan.n, t.plan.seed, t.plan.global_batch)  # every rank's samples

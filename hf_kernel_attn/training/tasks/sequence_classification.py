@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ...data import GLUE_TASKS
 from ...evaluation.tasks import glue_metrics
 from ..data import glue_examples
 from .base import TrainingTask, register_task
@@ -22,25 +23,21 @@ class SequenceClassificationTask(TrainingTask):
 
     @classmethod
     def check_config(cls, config: dict[str, Any]) -> str | None:
-        from ...data import GLUE_TASKS
-
         glue = config["data"]["glue_task"]
         if glue not in GLUE_TASKS:
             return f"task sequence_classification needs data.glue_task, one of {sorted(GLUE_TASKS)}; got {glue!r}"
         return None
 
     def model_kwargs(self) -> dict[str, Any]:
-        from ...data import GLUE_TASKS
-
-        glue = GLUE_TASKS[self.trainer.config["data"]["glue_task"]]
+        glue = GLUE_TASKS[self.context.config["data"]["glue_task"]]
         return {"num_labels": glue.num_labels,
                 "problem_type": "regression" if glue.is_regression else "single_label_classification"}
 
     def load_data(self) -> tuple[Any, Any]:
-        return glue_examples(self.trainer.config)
+        return glue_examples(self.context.config)
 
     def batch(self, items: Any, idx: list[int]) -> tuple[dict[str, Any], int]:
-        t = self.trainer
+        t = self.context
         rows = [items[i] for i in idx]
         enc = t.encode([r.text_a for r in rows], [r.text_b for r in rows])
         dtype = torch.float if t.model.config.problem_type == "regression" else torch.long
@@ -57,5 +54,5 @@ class SequenceClassificationTask(TrainingTask):
             logits = model(**self.inputs(batch)).logits
             preds += (logits[:, 0] if logits.shape[-1] == 1 else logits.argmax(-1)).tolist()
             gold += batch["labels"].tolist()
-        scores = glue_metrics(self.trainer.config["data"]["glue_task"], preds, gold)
+        scores = glue_metrics(self.context.config["data"]["glue_task"], preds, gold)
         return {f"val_{name}": value for name, (value, _) in scores.items()}
