@@ -70,8 +70,8 @@ def _activate_locked() -> None:
     try:
         import transformers.modeling_utils  # noqa: F401  (the hook, if armed, fires here and does nothing)
 
-        from .integration.attention import register
-        from .integration.patching import install_hooks
+        from .integration.attention import register  # lazy: `import hf_kernel_attn` stays torch-free until here
+        from .integration.patching import install_hooks  # lazy: as above (runs when transformers' model code loads)
 
         register()
         install_hooks()

@@ -58,7 +58,7 @@ def kernel_info(cls: type) -> dict[str, Any]:
 def available_kernels() -> dict[str, dict[str, Any]]:
     """Every registered kernel: ``kind``, ``causal``/``bidirectional`` support, ``options`` (name -> default),
     ``option_info`` (name -> type, default, help), ``paper`` and ``module`` (where the class is defined)."""
-    from .kernels import KERNELS
+    from .kernels import KERNELS  # lazy: builtin_catalog() answers from catalog.json without importing torch
 
     return {name: kernel_info(cls) for name, cls in KERNELS.items()}
 
@@ -75,7 +75,7 @@ def catalog_text(kernels: dict[str, dict[str, Any]]) -> str:
 
 def live_builtin_catalog() -> dict[str, dict[str, Any]]:
     """:func:`available_kernels` restricted to the built-in kernels, as JSON reads it back."""
-    from .kernels import is_builtin
+    from .kernels import is_builtin  # lazy: as in available_kernels
 
     live = {name: info for name, info in available_kernels().items() if is_builtin(name)}
     return json.loads(catalog_text(live))

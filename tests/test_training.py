@@ -16,8 +16,9 @@ import torch
 import yaml
 
 import hf_kernel_attn
+from hf_kernel_attn import events
 from hf_kernel_attn.integration.transfer import attention_transfer, softmax_teacher
-from hf_kernel_attn.training import ConfigError, events, load_config
+from hf_kernel_attn.training import ConfigError, load_config
 
 from . import fault_injection
 from .fault_injection import sleep_at

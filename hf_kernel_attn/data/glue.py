@@ -49,8 +49,8 @@ class GlueExample:
     label: float | int
 
 
-def _glue(name: str, text_fields: str, metrics: tuple[str, ...], train: str | None, eval_: str) -> GlueTask:
-    regression = name == "stsb"
+def _glue(name: str, text_fields: str, metrics: tuple[str, ...], train: str | None, eval_: str,
+          regression: bool = False) -> GlueTask:
     return GlueTask(
         name, 1 if regression else 2, regression, text_fields, metrics, train, eval_, ("nyu-mll/glue", name)
     )
@@ -63,7 +63,8 @@ GLUE_TASKS: dict[str, GlueTask] = {
         "rte", "sentence1 / sentence2 (premise, hypothesis)", ("accuracy",), "train.jsonl", "validation.jsonl"
     ),
     "cola": _glue("cola", "x (sentence)", ("matthews_correlation",), "train.tsv", "in_domain_dev.tsv"),
-    "stsb": _glue("stsb", "sentence1 / sentence2 (sentence pair)", ("pearson", "spearman"), "train.tsv", "dev.tsv"),
+    "stsb": _glue("stsb", "sentence1 / sentence2 (sentence pair)", ("pearson", "spearman"), "train.tsv", "dev.tsv",
+                  regression=True),
     "qnli": _glue("qnli", "question / sentence", ("accuracy",), None, "dev.tsv"),  # no train file distributed locally
 }
 
@@ -174,7 +175,7 @@ def read_glue_file(task: str, path: str | os.PathLike[str]) -> list[GlueExample]
     _task(task)
     path = Path(path)
     fmt = _FORMATS[task]
-    reader = _read_jsonl if task == "rte" else _read_tsv
+    reader = _read_jsonl if GLUE_TASKS[task].eval_file.endswith(".jsonl") else _read_tsv  # rte: JSON lines
     return reader(task, fmt, path)
 
 

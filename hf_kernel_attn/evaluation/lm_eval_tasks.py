@@ -20,6 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import hf_kernel_attn
+
 from ..model_paths import PKG_PREFIX, resolve_package_path
 from .families.lm_eval import CONVERTERS, lm_eval_task_names, local_rows, local_task_dir, run_lm_eval_tasks
 
@@ -55,7 +57,6 @@ def register_model() -> None:
 
         def __init__(self, pretrained: Any, kernel: str | None = None, layers: Any = None,
                      kernel_params: Any = None, gguf_file: str | None = None, **kwargs: Any) -> None:
-            import hf_kernel_attn
 
             if isinstance(pretrained, str):
                 if pretrained.startswith(PKG_PREFIX):

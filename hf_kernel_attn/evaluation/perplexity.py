@@ -7,10 +7,11 @@ from pathlib import Path
 
 import torch
 
+from ..data.files import read_text_file
+
 
 def read_text(path: str | Path, max_chars: int | None = None) -> str:
     """A UTF-8 text file; ValueError naming the file when it is missing, binary, not UTF-8 or empty."""
-    from ..data.files import read_text_file
 
     path = Path(path)
     if not path.is_file():

@@ -83,6 +83,7 @@ class EvalTask:
     lower_is_better: bool = False
     by_length: bool = False
     splits: tuple[str, ...] = SPLITS
+    hub_task_type: str = "text-generation"  # a model card's task type for this task's results
 
     def files(self, split: str) -> list[str]:
         """The local files (relative to ``--data-dir``) the task reads for ``split`` (EVAL_SPLITS.md)."""

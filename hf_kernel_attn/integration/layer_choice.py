@@ -21,6 +21,7 @@ from torch import nn
 
 from ..config import KernelAttentionConfig, LayerChoice
 from ..kernels import SOFTMAX
+from .attention import KERNEL_ATTR
 from .modules import num_attention_layers
 from .patching import apply_config, kernel_config
 from .transfer import attention_probe, attention_transfer, softmax_teacher
@@ -207,7 +208,6 @@ def _check_head_count(scores: dict[int, list[float]], k: int, group: int, criter
 
 
 def _kernels(model: nn.Module) -> list[Any]:
-    from .attention import KERNEL_ATTR
 
     return [m.kernel_attn for m in model.modules() if getattr(m, KERNEL_ATTR, None) is not None]
 

@@ -11,6 +11,7 @@ from typing import Any
 from ..config import CONFIG_KEY, KernelAttentionConfig
 from ..kernels import import_modules, kernel_class
 from ..model_paths import PKG_PREFIX, resolve_package_path
+from .layer_choice import auto_patch, parse_auto
 from .remote_code import run_remote_code
 
 # transformers from_pretrained kwargs that look like kernel options but are not typos
@@ -101,7 +102,6 @@ def from_pretrained(
     checkpoint ships. See docs/security.md."""
     from transformers import AutoConfig
 
-    from .layer_choice import auto_patch, parse_auto
 
     name_or_path = local_model_path(name_or_path)
     trusted = bool(kwargs.get("trust_remote_code"))

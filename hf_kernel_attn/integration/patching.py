@@ -29,7 +29,7 @@ from ..kernels import KERNELS, SOFTMAX, Kernel, LayerShape, build_kernel, kernel
 from ..kernels.registry import causal_only_kernels
 from . import positions
 from .attention import KERNEL_ATTR, SAVED_NAME
-from .cache import install_cache_hook, remove_cache_hook
+from .cache import RecurrentStateCache, install_cache_hook, remove_cache_hook, wants_state_cache
 from .modules import attention_modules
 from .remote_code import forget_remote_code, remove_remote_code, write_remote_code
 
@@ -407,7 +407,6 @@ def install_hooks() -> None:
     from transformers.cache_utils import DynamicCache
     from transformers.generation.utils import GenerationMixin
 
-    from .cache import RecurrentStateCache, wants_state_cache
 
     orig_prepare_cache = GenerationMixin._prepare_cache_for_generation
 

@@ -64,18 +64,17 @@ from typing import Any
 
 import torch
 
+from ..configfile import ConfigError, nearest_key, parse_override, read_yaml_file, resolve_package_path
 from ..evaluation.long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
 from ..evaluation.long_context.plots import plot_long_context
 from ..evaluation.long_context.runner import check_long_context_args
 from ..evaluation.runner import ModelSpec, run_eval
 from ..evaluation.task import TaskMap, find_task, main_metric
 from ..evaluation.tasks import check_split, check_tasks
+from ..fileio import append_jsonl_atomic, read_jsonl, write_text_atomic
 from ..kernels import KERNELS, SOFTMAX, import_modules, is_softmax
 from ..speed.model_bench import bench_models, load_models
 from ..training import finetune, load_config
-from ..training.checkpoint import read_jsonl_lines
-from ..training.config import ConfigError, nearest_key, parse_override, read_yaml_file, resolve_package_path
-from ..training.events import reached
 from .chance import LOWER_IS_BETTER, at_chance, chance_level
 from .plots import CHANCE_RULE, HEAT_RANGE, heat_values, write_plots
 
@@ -264,36 +263,6 @@ def _limit(cfg: dict[str, Any], task: str) -> int | None:
     return lim.get(task) if isinstance(lim, dict) else lim
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSONL file; a last line cut short (written by an older, non-atomic version) is dropped."""
-
-    if not path.exists():
-        return []
-    return [json.loads(ln) for ln in read_jsonl_lines(path)]
-
-
-def _write_atomic(path: Path, text: str, event: str = "") -> None:
-    """Replace ``path`` by ``text``: a temporary file in the same folder, fsynced, then renamed over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            if event:
-                reached(event, file=f, text=text)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def _append_cell(path: Path, records: list[dict[str, Any]]) -> None:
-    """Add one finished cell's records to ``results.jsonl`` in a single atomic replacement."""
-    old = [json.dumps(r) for r in _read_jsonl(path)]
-    _write_atomic(path, "".join(ln + "\n" for ln in old + [json.dumps(r) for r in records]), f"append-{len(old)}")
-
-
 def _finetuned(cfg: dict[str, Any], m: dict[str, Any], kernel: str) -> str | None:
     """Run (or resume) the conversion of one row; returns its final model folder."""
 
@@ -333,8 +302,8 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
     results_path, errors_path = out / "results.jsonl", out / "errors.jsonl"
     for stale in [*out.glob(".results.jsonl.*.tmp"), *out.glob(".errors.jsonl.*.tmp")]:
         stale.unlink()  # left by a sweep killed while replacing a file; the file itself is intact
-    done = {(r["model_name"], r["kernel_row"], r["task"], r["split"]) for r in _read_jsonl(results_path)}
-    errors = [] if retry_errors else [e for e in _read_jsonl(errors_path) if e.get("split") == cfg["split"]]
+    done = {(r["model_name"], r["kernel_row"], r["task"], r["split"]) for r in read_jsonl(results_path)}
+    errors = [] if retry_errors else [e for e in read_jsonl(errors_path) if e.get("split") == cfg["split"]]
     done |= {(e["model_name"], e["kernel_row"], e["task"], cfg["split"]) for e in errors}
     start = time.perf_counter()
     rows = [(m, kernel, [t for t in m["tasks"] if (m["name"], kernel, t, cfg["split"]) not in done])
@@ -347,7 +316,7 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
 
     def emit(kind: str, m: dict[str, Any], kernel: str, payload: Any) -> None:
         if kind == "cell":
-            _append_cell(results_path, [{"model_name": m["name"], "kernel_row": kernel, **r} for r in payload])
+            append_jsonl_atomic(results_path, [{"model_name": m["name"], "kernel_row": kernel, **r} for r in payload])
             print(f"{m['name']} {kernel} {payload[0]['task'] if payload else ''}: done", flush=True)
         else:
             errors.append(payload)
@@ -358,10 +327,10 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
             _evaluate_row(cfg, m, kernel, todo, emit)
     else:
         _evaluate_rows_in_workers(cfg, rows, emit)
-    _write_atomic(errors_path, "".join(json.dumps(e) + "\n" for e in errors))
+    write_text_atomic(errors_path, "".join(json.dumps(e) + "\n" for e in errors))
     if cfg.get("speed"):
         _speed(cfg, out / SPEED_FILE)
-    table = render(cfg, _read_jsonl(results_path), errors)
+    table = render(cfg, read_jsonl(results_path), errors)
     table["seconds"] = time.perf_counter() - start
     return table
 
@@ -476,7 +445,7 @@ def _speed(cfg: dict[str, Any], path: Path) -> None:
     median ratio to softmax) of each model's kernels at ``speed.length`` tokens, once per model: the speed
     plot's x axis, measured apart from evaluation so that machine load during a cell does not show as speed.
     Prints a line per (model, kernel) measured and, while the forwards run, a heartbeat with the count done."""
-    done = {r["model"] for r in _read_jsonl(path)}
+    done = {r["model"] for r in read_jsonl(path)}
     todo = [m for m in cfg["models"] if m["name"] not in done and not m.get("finetune")
             and any(k != "saved" for k in m["kernels"])]  # a converted row runs its base model's kernel: timed
     if todo:  # with the base model's row
@@ -491,8 +460,8 @@ def _speed(cfg: dict[str, Any], path: Path) -> None:
         except Exception as exc:  # the table stands without the plot
             print(f"{m['name']}: speed benchmark failed: {exc}", flush=True)
             continue
-        _append_cell(path, [{k: r[k] for k in ("model", "kernel", "length", "time_s", "ratio_vs_softmax", "status")}
-                            for r in rows])
+        keys = ("model", "kernel", "length", "time_s", "ratio_vs_softmax", "status")
+        append_jsonl_atomic(path, [{k: r[k] for k in keys} for r in rows])
         done.add(m["name"])
         print(f"{m['name']}: {_duration(time.perf_counter() - start)}, speed benchmark done", flush=True)
 
@@ -584,7 +553,7 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
     (out / "leaderboard.md").write_text("\n".join(lines) + "\n" + "\n".join(notes) + "\n")
     with open(out / "leaderboard.csv", "w", newline="") as f:
         csv.writer(f).writerows(csv_rows)
-    _plots(cfg, out, rows, columns, cell, chances, _read_jsonl(out / SPEED_FILE))
+    _plots(cfg, out, rows, columns, cell, chances, read_jsonl(out / SPEED_FILE))
     long_records = [r for r in records if r["split"] == split and _by_length(r["task"])]
     if long_records:
         try:

@@ -22,6 +22,9 @@ from typing import Any
 
 import torch
 
+from ..integration.patching import attention_modules
+from ..kernels import LayerShape, build_kernel
+
 GEOMETRY_KERNELS = ("gaussian", "softmax", "cosine", "elu", "performer", "hedgehog")
 GEOMETRY_TITLES = {
     "gaussian": "Gaussian exp(−‖x₀−x‖²/2)", "softmax": "exponential exp(x₀·x)", "cosine": "cosine exp(2 cos(x₀,x))",
@@ -58,7 +61,6 @@ def attention_map(kernel: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, sca
 
 
 def geometry_kernel(name: str, head_dim: int = 2) -> torch.nn.Module:
-    from ..kernels import LayerShape, build_kernel
 
     return build_kernel(name, LayerShape(1, 1, head_dim), GEOMETRY_PARAMS.get(name, {})).eval()
 
@@ -118,7 +120,6 @@ def _forward_params(model) -> set[str]:
 def layer_qkv(model, layer: int, input_ids: torch.Tensor) -> dict[str, Any]:
     """q, k, v (after RoPE) and the softmax scale that layer ``layer`` hands its kernel, captured by a forward
     pre-hook on ``<attention>.kernel_attn`` (the model must be patched, softmax included)."""
-    from ..integration.patching import attention_modules
 
     modules = attention_modules(model)
     if not -len(modules) <= layer < len(modules):

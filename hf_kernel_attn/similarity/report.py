@@ -14,16 +14,16 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from ..fileio import read_jsonl
+from ..leaderboard.sweep import render
 from .synthetic import TRAIN_KERNELS
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
-    from ..leaderboard.sweep import _read_jsonl
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"results file {str(path)!r} does not exist")
-    return [r for r in _read_jsonl(path) if r.get("split") == "heldout" and "seed" in r]
+    return [r for r in read_jsonl(path) if r.get("split") == "heldout" and "seed" in r]
 
 
 def aggregate(records: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -67,7 +67,6 @@ def table(records: list[dict[str, Any]]) -> str:
 
 def render_leaderboard(records: list[dict[str, Any]], output_dir: str | Path) -> None:
     """The records through ``leaderboard.sweep.render`` (rows: seed × kernel, columns: settings)."""
-    from ..leaderboard.sweep import render
 
     seeds = sorted({r["seed"] for r in records})
     settings = sorted({r["task"] for r in records})

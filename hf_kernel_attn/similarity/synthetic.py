@@ -35,7 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import is_softmax
+import hf_kernel_attn
+
+from ..fileio import append_jsonl_atomic, read_jsonl
+from ..kernels import KERNELS, is_softmax
 
 TASKS = ("mqar", "listops")
 TRAIN_KERNELS = ("softmax", "gaussian", "cosine", "elu", "hedgehog", "performer")
@@ -301,7 +304,6 @@ def build_model(setting: Setting, kernel: str, seed: int):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    import hf_kernel_attn
 
     m = setting.model
     config = LlamaConfig(
@@ -344,7 +346,6 @@ def run_synthetic(task: str, kernel: str, seed: int, setting: str | None = None,
     import torch
     import torch.nn.functional as F
 
-    from ..kernels import KERNELS
 
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; available kernels: {sorted(KERNELS)}")
@@ -409,8 +410,6 @@ def run_many(task: str, kernels: list[str], seeds: list[int], settings: list[str
              log: Callable[[str], None] | None = print) -> list[dict[str, Any]]:
     """Every (setting, kernel, seed); with ``output`` (a results.jsonl) finished runs are skipped and each new
     record is appended atomically as soon as its run ends, so a killed sweep resumes where it stopped."""
-    from ..kernels import KERNELS
-    from ..leaderboard.sweep import _append_cell, _read_jsonl
 
     unknown = [k for k in kernels if k not in KERNELS]
     if unknown:
@@ -422,7 +421,7 @@ def run_many(task: str, kernels: list[str], seeds: list[int], settings: list[str
     path = Path(output) if output else None
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
-    done = {(r["task"], r["kernel"], r.get("seed")) for r in _read_jsonl(path)} if path else set()
+    done = {(r["task"], r["kernel"], r.get("seed")) for r in read_jsonl(path)} if path else set()
     records = []
     for st in resolved:
         for kernel in kernels:
@@ -433,6 +432,6 @@ def run_many(task: str, kernels: list[str], seeds: list[int], settings: list[str
                     continue
                 rec = run_synthetic(task, kernel, seed, st.path, steps=steps, threads=threads, log=log)
                 if path:
-                    _append_cell(path, [rec])
+                    append_jsonl_atomic(path, [rec])
                 records.append(rec)
     return records

@@ -14,6 +14,7 @@ from ..integration.attention import KERNEL_ATTR
 from ..integration.cache import RecurrentStateCache, RecurrentStateLayer, cache_bytes, new_cache
 from ..integration.modules import attention_modules
 from ..integration.swap import patch
+from ..kernel_args import parse_kernel_spec
 from ..kernels import SOFTMAX, is_softmax, kernel_class
 from ..kernels.base import accum
 from ..kernels.linear.state import LinearState, SinkSet, SparseCache
@@ -125,24 +126,6 @@ def decode_latency(model, context: int, *, steps: int = 8, warmup: int = DECODE_
     return {"context": context, "prefill_s": prefill,
             "prefill_tokens_per_s": None if prefill is None else batch * context / prefill,
             "decode_ms": 1e3 * statistics.median(times), "cache_bytes": cache_bytes(cache), "synthetic": synthetic}
-
-
-def parse_kernel_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``name`` or ``name:key=value,key=value`` (values as JSON, else strings) -> (name, options), e.g.
-    ``softmax:window=64,sinks=4``."""
-    import json
-
-    name, _, rest = spec.partition(":")
-    params: dict[str, Any] = {}
-    for pair in filter(None, rest.split(",")):
-        key, eq, value = pair.partition("=")
-        if not eq or not key:
-            raise ValueError(f"kernel spec {spec!r}: expected name:key=value,key=value, got the part {pair!r}")
-        try:
-            params[key] = json.loads(value)
-        except json.JSONDecodeError:
-            params[key] = value
-    return name, params
 
 
 def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, steps: int = 8,

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from ..kernels import KERNELS, SOFTMAX, Kernel, LayerShape, build_kernel, kernel_class
+from ..kernels.linear.cost import quadratic_block
 
 BASELINE = SOFTMAX
 MAX_LEN_QUADRATIC = 32768
@@ -309,7 +310,6 @@ def _quadratic_causal_flops(n: int, batch: int, hq: int, d: int, dv: int) -> flo
     """Matmul FLOPs of the closed-form causal quadratic path (taylor, short sequences): each block of L
     queries scores the keys up to its end E (2·L·E·d) and multiplies by V with its ones column
     (2·L·E·(Dv + 1)), per query head."""
-    from ..kernels.linear.cost import quadratic_block
 
     block = quadratic_block(n, batch * hq * n)
     pairs = sum((min(s + block, n) - s) * min(s + block, n) for s in range(0, n, block))

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from ..kernels import KERNELS, is_softmax
+from ..kernel_args import resolve_kernels
+from ..kernels import KERNELS, SOFTMAX, is_softmax
 from .kernel_bench import (
     MAX_LEN_LINEAR,
     MAX_LEN_QUADRATIC,
@@ -34,6 +35,7 @@ from .kernel_bench import (
     measure_matmul_peak,
     run_suite,
 )
+from .model_bench import bench_models, format_model_table, load_models, plot_model_rows
 
 PROG = "hf-kernel-attn bench"
 
@@ -41,7 +43,8 @@ PROG = "hf-kernel-attn bench"
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--kernels", nargs="+", default=sorted(KERNELS),
-                   help="kernels to run (softmax/SDPA is always run as the baseline); default: all")
+                   help="kernels to run, NAME or NAME:KEY=VALUE,... (softmax/SDPA is always run as the baseline); "
+                        "default: all")
     p.add_argument("--lengths", nargs="+", type=int, default=None,
                    help="sequence lengths N (default: 512 1024 2048 4096; with --model: 16 45 128 512)")
     p.add_argument("--model", default=None,
@@ -68,8 +71,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--max-len-quadratic", type=int, default=MAX_LEN_QUADRATIC,
                    help="skip softmax-like kernels above this N")
     p.add_argument("--max-len-linear", type=int, default=MAX_LEN_LINEAR, help="skip other kernels above this N")
-    p.add_argument("--param", action="append", default=[], metavar="KERNEL.KEY=VALUE",
-                   help="kernel option, e.g. performer.num_features=128 (value parsed as JSON); repeatable")
+    p.add_argument("--param", action="append", default=[], metavar="[KERNEL.]KEY=VALUE",
+                   help="kernel option (value parsed as JSON), repeatable: KERNEL.KEY=VALUE for one kernel (e.g. "
+                        "performer.num_features=128), KEY=VALUE for every kernel but softmax")
     p.add_argument("--no-peak", action="store_true", help="do not measure the matmul peak GFLOP/s")
     p.add_argument("--output", default=None, help="write machine, settings and rows as JSON here")
     p.add_argument("--plot", default=None, help="save a time-vs-N plot here (needs matplotlib)")
@@ -77,20 +81,16 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return p
 
 
-def parse_params(pairs: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """``["performer.num_features=128"]`` -> ``{"performer": {"num_features": 128}}``."""
-    params: dict[str, dict[str, Any]] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        name, dot, option = key.partition(".")
-        if not sep or not dot:
-            raise SystemExit(f"--param expects KERNEL.KEY=VALUE, got {pair!r}")
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            parsed = value
-        params.setdefault(name, {})[option] = parsed
-    return params
+def parse_params(pairs: Sequence[str], kernels: Sequence[str]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """The kernel names and each kernel's options, in the syntax every command shares
+    (:mod:`hf_kernel_attn.kernel_args`): ``performer:num_features=128`` in ``--kernels``, ``--param
+    performer.num_features=128``, or ``--param KEY=VALUE`` for every kernel but softmax; SystemExit naming the
+    problem."""
+    try:
+        resolved = resolve_kernels(kernels, pairs, softmax=SOFTMAX)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    return [name for name, _ in resolved], {name: options for name, options in resolved if options}
 
 
 def plot(rows: Sequence[dict[str, Any]], path: str) -> bool:
@@ -126,6 +126,7 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> bool:
 
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     args = build_parser(prog).parse_args(argv)
+    args.kernels, args.params = parse_params(args.param, args.kernels)
     unknown = [k for k in args.kernels if k not in KERNELS]
     if unknown:
         raise SystemExit(f"unknown kernel(s) {unknown}; available kernels: {sorted(KERNELS)}")
@@ -162,7 +163,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     rows = run_suite(
         args.kernels, args.lengths, causal_modes=modes, backward=args.backward, batch=args.batch, heads=args.heads,
         kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype, repeats=args.repeats,
-        warmup=args.warmup, device=args.device, threads=threads, params=parse_params(args.param),
+        warmup=args.warmup, device=args.device, threads=threads, params=args.params,
         max_len_quadratic=args.max_len_quadratic, max_len_linear=args.max_len_linear, progress=progress,
     )
     print()
@@ -182,8 +183,6 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
 
 def model_main(args: argparse.Namespace) -> int:
     """``bench --model``: whole-model forward ratios per kernel (see model_bench)."""
-    from .model_bench import bench_models, format_model_table, load_models, plot_model_rows
-
     lengths = args.lengths or [16, 45, 128, 512]
     threads = args.threads if args.threads is not None else torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -191,7 +190,7 @@ def model_main(args: argparse.Namespace) -> int:
     print(format_machine(info))
     try:
         models, kind = load_models(args.model, kernels=args.kernels, gguf_file=args.gguf_file, kind=args.model_kind,
-                                   params=parse_params(args.param))
+                                   params=args.params)
     except (OSError, ValueError) as exc:  # one line (model_paths' errors name the model and what was tried)
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"error: --model: {text}" if args.model in text else f"error: --model {args.model!r}: {text}",
@@ -215,7 +214,7 @@ def model_main(args: argparse.Namespace) -> int:
     if args.output:
         settings = {"model": args.model, "gguf_file": args.gguf_file, "kind": kind, "kernels": list(models),
                     "batch_sizes": args.batch_sizes, "lengths": lengths, "repeats": args.repeats or 5,
-                    "warmup": max(1, args.warmup), "threads": threads, "params": parse_params(args.param)}
+                    "warmup": max(1, args.warmup), "threads": threads, "params": args.params}
         with open(args.output, "w") as f:
             json.dump({"machine": info, "settings": settings, "rows": rows}, f, indent=1)
         print(f"wrote {args.output}")

@@ -29,11 +29,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..integration.swap import patch
 from ..kernels import KERNELS, SOFTMAX
 from ..model_paths import load_errors, locate_model
 
 BASELINE = SOFTMAX
-KINDS = ("causal_lm", "embedding")
+CAUSAL_LM, EMBEDDING = "causal_lm", "embedding"  # model kinds: decoder prefill, encoder forward
+KINDS = (CAUSAL_LM, EMBEDDING)
 ROW_KEYS = ("model", "kind", "kernel", "batch", "length", "tokens", "time_s", "ratio_vs_softmax", "times_s",
             "status", "reason")
 
@@ -43,8 +45,8 @@ def detect_kind(config: Any) -> str:
     archs = getattr(config, "architectures", None) or []
     if any(a.endswith("ForCausalLM") for a in archs) or getattr(config, "model_type", "") in (
             "llama", "mistral", "qwen2", "gpt2", "phi3", "gemma", "gemma2", "qwen3"):
-        return "causal_lm"
-    return "embedding"
+        return CAUSAL_LM
+    return EMBEDDING
 
 
 def load_models(
@@ -60,7 +62,6 @@ def load_models(
     attention direction are left out with a message from :func:`bench_models`' rows instead."""
     import transformers
 
-    from ..integration.swap import patch
 
     unknown = [k for k in kernels if k not in KERNELS]
     if unknown:
@@ -72,13 +73,13 @@ def load_models(
     with load_errors(model, gguf_file):
         config = transformers.AutoConfig.from_pretrained(path, **kwargs)
         kind = kind or detect_kind(config)
-        cls = transformers.AutoModelForCausalLM if kind == "causal_lm" else transformers.AutoModel
+        cls = transformers.AutoModelForCausalLM if kind == CAUSAL_LM else transformers.AutoModel
         base = cls.from_pretrained(path, attn_implementation="sdpa", **kwargs).eval()
     models: dict[str, nn.Module] = {BASELINE: base}
     for name in dict.fromkeys(kernels):
         if name == BASELINE:
             continue
-        if kind == "causal_lm" and not KERNELS[name].supports_causal:
+        if kind == CAUSAL_LM and not KERNELS[name].supports_causal:
             models[name] = None  # recorded as skipped
             continue
         models[name] = patch(copy.deepcopy(base), name, **(params or {}).get(name, {})).eval()
@@ -91,7 +92,7 @@ def make_inputs(kind: str, vocab_size: int, batch: int, length: int, seed: int =
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, vocab_size, (batch, length), generator=gen)
     mask = torch.ones(batch, length, dtype=torch.long)
-    if kind == "embedding" and batch > 1:
+    if kind == EMBEDDING and batch > 1:
         lengths = torch.linspace(max(1, length // 2), length, batch).round().long()
         mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
         ids = ids.masked_fill(mask == 0, pad_token_id)
@@ -99,7 +100,7 @@ def make_inputs(kind: str, vocab_size: int, batch: int, length: int, seed: int =
 
 
 def forward_fn(model: nn.Module, kind: str, inputs: dict[str, torch.Tensor]) -> Callable[[], None]:
-    extra = {"use_cache": False, "logits_to_keep": 1} if kind == "causal_lm" else {}
+    extra = {"use_cache": False, "logits_to_keep": 1} if kind == CAUSAL_LM else {}
 
     def call() -> None:
         with torch.inference_mode():

@@ -31,6 +31,10 @@ from typing import Any
 
 import torch
 
+import hf_kernel_attn
+from hf_kernel_attn.integration.patching import attention_modules
+from hf_kernel_attn.kernels import Kernel
+
 from ..kernels import is_softmax
 
 KERNELS = ("softmax", "gaussian", "cosine", "elu", "hedgehog")
@@ -310,8 +314,6 @@ def _recording(module: torch.nn.Module, method: Any, called: set[int]) -> Any:
 def run_kernel(model: torch.nn.Module, inputs: dict[str, torch.Tensor], kernel: str,
                reference: torch.Tensor | None = None) -> dict[str, Any]:
     """Patch a deep copy of ``model`` with ``kernel``, run ``inputs``, and describe the outcome (one cell)."""
-    import hf_kernel_attn
-    from hf_kernel_attn.kernels import Kernel
 
     patched = copy.deepcopy(model)
     torch.manual_seed(SEED + 1)
@@ -335,7 +337,6 @@ def run_kernel(model: torch.nn.Module, inputs: dict[str, torch.Tensor], kernel: 
             h.remove()
     cell: dict[str, Any] = {"status": "ok", "kernels_called": f"{len(called)}/{len(attached)}"}
     if len(called) < len(attached):
-        from hf_kernel_attn.integration.patching import attention_modules
 
         impls = sorted({str(getattr(getattr(m, "config", None), "_attn_implementation", None))
                         for m in attention_modules(patched)} - {kernel})
@@ -354,7 +355,6 @@ def run_kernel(model: torch.nn.Module, inputs: dict[str, torch.Tensor], kernel: 
 
 def run_architecture(arch: Architecture, kernels: Iterable[str] = KERNELS) -> dict[str, Any]:
     """One row: the architecture, its model class and reference attention, and one cell per kernel."""
-    from hf_kernel_attn.integration.patching import attention_modules
 
     start = time.perf_counter()
     row: dict[str, Any] = {"architecture": arch.name, "model_type": arch.model_type, "kind": arch.kind,

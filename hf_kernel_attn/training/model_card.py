@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..evaluation.tasks import EVAL_TASKS, EvalTask
 from .config import configured_stages
 from .tasks import TASK_TYPES
 
@@ -129,7 +130,8 @@ def add_eval_results(folder: str | os.PathLike, records: list[dict[str, Any]], *
         if r.get("depth") is not None:
             where.append(f"depth {r['depth']}%")
         name = r["task"] + (f" ({', '.join(where)})" if where else "")
-        new = EvalResult(task_type="text-generation" if r["task"] not in ("stsb_embedding",) else "sentence-similarity",
+        task = EVAL_TASKS[r["task"]] if r["task"] in EVAL_TASKS else None
+        new = EvalResult(task_type=task.hub_task_type if task is not None else EvalTask.hub_task_type,
                          dataset_type=r["task"], dataset_name=name, metric_type=r["metric"],
                          metric_value=round(float(r["value"]), 6), dataset_split=r.get("split"))
         results = [old for old in results if (old.dataset_name, old.metric_type, old.dataset_split)

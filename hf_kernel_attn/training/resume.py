@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
+from ..events import reached
 from ..fileio import write_text_atomic
 from ..integration.loading import with_saved_kernel_options
 from . import checkpoint as ckpt
 from . import sharding
 from .config import dump_config
-from .events import reached
 from .hub import push_folder
 from .model_card import write_card
 from .tasks import TrainingTask

@@ -37,12 +37,12 @@ from accelerate import Accelerator, DataLoaderConfiguration, DistributedType
 from accelerate.state import AcceleratorState
 from tqdm.auto import tqdm
 
+from ..events import reached
 from . import checkpoint as ckpt
 from . import sharding
 from .config import configured_stages
 from .context import RunContext
 from .data import BatchPlan, PlanBatches, SampleIndex, check_training_data
-from .events import reached
 from .model_setup import ModelSetup
 from .resume import VALIDATION_FILE, RunFolder
 from .schedules import make_scheduler
@@ -178,10 +178,12 @@ class Trainer:
         self.t0 = time.perf_counter() - state["seconds"]
         self.cpu0 = time.process_time() - state.get("cpu_seconds", 0.0)
         active = [s for s in configured_stages(cfg) if cfg["stages"][s]["steps"] > 0]
-        if self.accelerate_fsdp and active != ["full"]:
-            raise ValueError(f"accelerate's FSDP shards the model once and for good, so it runs the full stage alone "
-                             f"here; this run's stages are {active}: set the other stages' steps to 0 (or run them "
-                             "first under configs/accelerate/gpu-ddp.yaml and convert the result)")
+        unsharded = [s for s in active if not self.stages[s].fsdp]
+        if self.accelerate_fsdp and (unsharded or len(active) != 1):
+            raise ValueError(f"accelerate's FSDP shards the model once and for good, so it runs one stage that "
+                             f"shards (the full stage) alone here; this run's stages are {active}: set the other "
+                             "stages' steps to 0 (or run them first under configs/accelerate/gpu-ddp.yaml and convert "
+                             "the result)")
         done_before = active.index(state["stage"]) if state["stage"] in active else -1
         if resume_from is None and cfg["validate"]:
             self._log_validation(state, "start")

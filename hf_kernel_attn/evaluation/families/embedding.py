@@ -42,6 +42,7 @@ class EmbeddingTask(EvalTask):
     glue: str = "stsb"
     model_kind = "embedding"
     main_metric = "spearman"
+    hub_task_type = "sentence-similarity"
 
     def files(self, split: str) -> list[str]:
         return glue_files(self.glue, split)

@@ -98,6 +98,8 @@ class LongContextTask:
     metrics: ClassVar[tuple[str, ...]] = ("exact_match",)
     needs_text: ClassVar[bool] = False  # reads natural text from --data-dir
     answer_digits: ClassVar[int] = 0  # generated tokens are bounded by the answer's length
+    # how `--plot-dir` draws its records: "grid" (accuracy by length x depth) or "curve" (a value by position)
+    plot: ClassVar[str] = "grid"
 
     def samples(self, encode: Encode, length: int, depth: float, count: int, seed: int, *,
                 metric: str = "exact_match", text_ids: list[int] | None = None) -> list[Sample]:

@@ -9,6 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from .base import TASKS
+
 
 def record_label(r: dict[str, Any]) -> str:
     """A row name: the leaderboard's model name and kernel row, or the kernel with its options."""
@@ -35,7 +37,8 @@ def plot_long_context(records: list[dict[str, Any]], out_dir: str | os.PathLike)
     for r in records:
         if r.get("length") is None:
             continue
-        if r["task"] == "position_loss":
+        task = TASKS[r["task"]] if r["task"] in TASKS else None
+        if task is not None and task.plot == "curve":
             curves[record_label(r)].append((r.get("position_start", 0), r["length"], r["value"]))
         elif r.get("depth") is not None:
             grids[(r["task"], r["metric"])][record_label(r)][(r["length"], r["depth"])] = r["value"]

