@@ -1,7 +1,7 @@
 """An evaluation task defined outside the package, through the public API only (``EvalTask`` +
 ``register_eval_task``): the mean next-token loss of each line of ``lines/<split>.txt`` under ``--data-dir``
-(main metric ``mean_nll``, lower is better) and the perplexity of those tokens. tests/test_eval_tasks.py names
-this module with ``--import`` and in a leaderboard's ``imports:``."""
+(main metric ``mean_nll``, lower is better) and the perplexity of those tokens.
+tests/evaluation/test_eval_tasks.py names this module with ``--import`` and in a leaderboard's ``imports:``."""
 
 from __future__ import annotations
 

@@ -210,3 +210,26 @@ def test_the_ground_floor_and_the_cli_import_no_heavy_module_at_module_level(mod
                 pulled |= {n.split(".")[0] for n in names if node.__class__ is ast.Import or not node.level} & heavy
                 todo += sorted(_targets(m, node) - seen)
     assert not pulled, f"{module} imports {sorted(pulled)} at module level"
+
+
+def test_tests_mirror_the_package_without_path_edits_or_imports_of_other_test_modules():
+    """Every test module sits in the folder of the package part it tests (no flat test_*.py beyond the
+    package-wide ones), none edits sys.path, and none imports another test module (shared code lives in helper
+    modules: tests/paths.py, tests/kernels/helpers.py, ...). The fault-injection script puts the checkout first
+    when it runs as a script."""
+    tests = ROOT.parent / "tests"
+    flat = sorted(p.name for p in tests.glob("test_*.py"))
+    assert set(flat) <= {"test_bad_input.py", "test_cli.py", "test_doc_links.py", "test_examples.py",
+                         "test_kernel_args.py", "test_package_layout.py", "test_packaging.py", "test_readme.py",
+                         "test_registry.py"}, flat
+    problems = []
+    for path in sorted(tests.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "sys.path.insert" \
+                    and path.name != "fault_injection.py":
+                problems.append(f"{path.relative_to(tests)}:{node.lineno}: edits sys.path")
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[-1].startswith("test_") \
+                    and node.module.split(".")[-1] != path.stem:
+                problems.append(f"{path.relative_to(tests)}:{node.lineno}: imports the test module {node.module}")
+    assert not problems, "\n".join(problems)

@@ -19,8 +19,7 @@ from hf_kernel_attn.registry import Registry, UnknownNameError, describe
 from hf_kernel_attn.training import ConfigError, TrainingStage, TrainingTask, load_config, register_stage, register_task
 from hf_kernel_attn.training.stages import COMMON_DEFAULTS, STAGE_TYPES, stage_names
 from hf_kernel_attn.training.tasks import TASK_TYPES
-
-from .test_training import lm_config, read_log, write_config
+from tests.training.helpers import lm_config, read_log, write_config
 
 
 class Base:

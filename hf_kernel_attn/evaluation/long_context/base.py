@@ -4,7 +4,7 @@ a given depth, deterministic random streams, and exact-match scoring.
 Prompts are built from token ids, not by re-tokenising a joined string, so a prompt has exactly the
 requested number of tokens and the needle starts at a known token index. Every piece of text starts with a
 space or a newline, so that tokenising the pieces one by one gives the tokens a whole-string tokenisation
-would give (checked in tests/test_long_context.py).
+would give (checked in tests/evaluation/test_long_context.py).
 """
 
 from __future__ import annotations
