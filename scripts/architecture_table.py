@@ -41,7 +41,7 @@ The error column gives the exception's first line and the file and line that rai
 
     python scripts/architecture_table.py
 
-`tests/test_architectures.py` runs the same harness and checks that these statuses are current.
+`tests/integration/test_architectures.py` runs the same harness and checks that these statuses are current.
 
 Measured with transformers {transformers}, torch {torch} (CPU), {when}.
 
