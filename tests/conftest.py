@@ -16,6 +16,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _WORKERS)))
 
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow(SECONDS)`` run first, longest first (collection order otherwise): pytest-xdist hands out
+    tests in collection order, so a long test collected last keeps one worker busy after the other has finished
+    everything else. SECONDS is a rough measured duration on one core (``--durations``)."""
+
+    def seconds(item) -> float:
+        mark = item.get_closest_marker("slow")
+        return -float(mark.args[0]) if mark is not None and mark.args else (-1.0 if mark is not None else 0.0)
+
+    items.sort(key=seconds)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``-n N``: work stealing (a worker that runs out takes half of another's queue), so the slow tests
+    handed out first do not leave one worker alone at the end (xdist's default hands each test out once)."""
+    from xdist.scheduler import WorkStealingScheduling  # only under pytest-xdist, which calls this hook
+
+    return WorkStealingScheduling(config, log) if config.getvalue("dist") == "load" else None
+
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path(os.environ.get("HF_KERNEL_ATTN_TEST_CACHE", Path.home() / ".cache" / "hf_kernel_attn_tests"))
 

@@ -147,6 +147,7 @@ def _lm_eval(args: list[str], out: Path) -> dict:
     return json.loads(found[-1].read_text())["results"]
 
 
+@pytest.mark.slow(26)
 def test_our_lm_eval_model_equals_stock_hf(smollm2_dir, tmp_path):
     """`--model hf-kernel-attn kernel=softmax` and lm-eval's stock `--model hf` on the same local tasks."""
     data = _piqa_fixture(tmp_path / "data")

@@ -31,6 +31,7 @@ def _cells(folder: Path) -> dict[tuple[str, str], float]:
     return {(r["model_name"], r["kernel_row"]): r["value"] for r in rows}
 
 
+@pytest.mark.slow(30)
 @pytest.mark.real_model
 def test_jobs_2_converts_beside_the_evaluation_and_gives_the_same_table(minilm_dir, tmp_path, capfd, monkeypatch):
     train = {"model": str(minilm_dir), "task": "sentence_embedding", "kernel": "gaussian",
@@ -87,6 +88,7 @@ def test_bad_jobs_is_a_clear_error(tmp_path, minilm_dir, jobs, capsys):
     assert not os.path.exists(tmp_path / "x")
 
 
+@pytest.mark.slow(40)
 @pytest.mark.real_model
 def test_killed_sweep_takes_its_workers_with_it(minilm_dir, tmp_path):
     """SIGKILL of `leaderboard --jobs 2` while a worker converts: the worker dies too (no orphan writing into

@@ -103,6 +103,7 @@ def _results(out: Path) -> list[dict]:
     return [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow(30)
 def test_leaderboard_renders_skips_and_resumes(tiny_llama, tiny_bert, tmp_path):
     config = _leaderboard_config(tmp_path, tiny_llama, tiny_bert)
     out = tmp_path / "lb"

@@ -307,6 +307,7 @@ def _final_loss(out: Path) -> float:
     return read_log(out)[-1]["loss"]
 
 
+@pytest.mark.slow(28)
 def test_resume_after_sigkill_equals_uninterrupted_run(tiny_llama, tmp_path):
     """Transfer, distillation (killed here), then LoRA on the distillation's adapters."""
     cfg = lm_config(tiny_llama, tmp_path / "ref", **{"stages.transfer.steps": 5, "stages.distill.steps": 3,
@@ -387,6 +388,7 @@ def test_missing_training_file_is_a_clear_error(tiny_llama, tmp_path):
 # ------------------------------------------------------------------------------------ distributed
 
 
+@pytest.mark.slow(25)
 def test_two_processes_equal_one(tiny_llama, tmp_path):
     """accelerate launch with 2 CPU processes (batch 2 each) vs 1 process (batch 4): same global
     batch, equal loss after 20 steps (transfer, distillation, LoRA) within 1e-3."""
@@ -419,6 +421,7 @@ def _torchrun(args: list[str], kill: str | None = None) -> subprocess.CompletedP
                           capture_output=True, text=True, env=env, timeout=600)
 
 
+@pytest.mark.slow(50)
 def test_fsdp_full_fine_tune_of_minilm_equals_one_process(minilm_dir, tmp_path):
     """torchrun, 2 processes, sharding: fsdp (torch's fully_shard over gloo): each process holds half of
     MiniLM's parameters, every step's loss equals the 1-process run's within 1e-4 (dropout off: its masks
@@ -544,19 +547,30 @@ def test_a_task_of_ones_own_is_one_module(tiny_llama, tmp_path, monkeypatch):
         load_config(write_config(tmp_path / "bad.yaml", lm_config(tiny_llama, tmp_path / "x", task="double_lm")))
 
 
-def test_a_stage_and_a_task_of_ones_own_run_from_the_cli(tiny_llama, tmp_path):
-    """`hf-kernel-attn finetune` with a config whose `imports:` name a stage module (tests/custom_stage.py:
-    `scaled_kernel`, weight × the task loss) and a task module (tests/custom_task.py: `double_lm_cli`, twice the
-    causal LM loss): the run's first logged loss is weight × 2 × a stock run's first loss on the same samples."""
-    common = {"stages.transfer.steps": 0, "validate": False, "save_every": 0}
-    own = lm_config(tiny_llama, tmp_path / "own", task="double_lm_cli",
-                    imports=["tests.custom_stage", "tests.custom_task"],
-                    **common, **{"stages.lora.steps": 0, "stages.scaled_kernel.steps": 1})
-    plain = lm_config(tiny_llama, tmp_path / "plain", **common, **{"stages.lora.steps": 1})
-    run_cli(["finetune", str(write_config(tmp_path / "own.yaml", own)), "--set", "stages.scaled_kernel.weight=3"],
-            cwd=REPO)
-    run_cli(["finetune", str(write_config(tmp_path / "plain.yaml", plain))], cwd=REPO)
-    first = read_log(tmp_path / "own")[0]
-    assert first["stage"] == "scaled_kernel"
-    assert first["loss"] == pytest.approx(6 * read_log(tmp_path / "plain")[0]["loss"], rel=1e-5)
-    assert (tmp_path / "own" / "final" / "config.json").is_file()
+def _first_cli_loss(tiny_llama, tmp_path, name, overrides, sets=()):
+    """The first logged loss of a 1-step `hf-kernel-attn finetune` run of the tiny Llama (no transfer)."""
+    cfg = lm_config(tiny_llama, tmp_path / name, **{"stages.transfer.steps": 0, "validate": False, "save_every": 0,
+                                                    **overrides})
+    run_cli(["finetune", str(write_config(tmp_path / f"{name}.yaml", cfg)), *sets], cwd=REPO)
+    assert (tmp_path / name / "final" / "config.json").is_file()
+    return read_log(tmp_path / name)[0]
+
+
+def test_a_stage_of_ones_own_runs_from_the_cli(tiny_llama, tmp_path):
+    """`hf-kernel-attn finetune` with `imports: [tests.custom_stage]` runs `scaled_kernel` (weight × the task loss):
+    its first loss is weight × a stock run's first loss on the same samples (LoRA starts as the identity)."""
+    own = _first_cli_loss(tiny_llama, tmp_path, "own", {"imports": ["tests.custom_stage"], "stages.lora.steps": 0,
+                                                        "stages.scaled_kernel.steps": 1},
+                          ["--set", "stages.scaled_kernel.weight=3"])
+    plain = _first_cli_loss(tiny_llama, tmp_path, "plain", {"stages.lora.steps": 1})
+    assert own["stage"] == "scaled_kernel"
+    assert own["loss"] == pytest.approx(3 * plain["loss"], rel=1e-5)
+
+
+def test_a_task_of_ones_own_runs_from_the_cli(tiny_llama, tmp_path):
+    """`hf-kernel-attn finetune` with `imports: [tests.custom_task]` and `task: double_lm_cli` (twice the causal
+    LM loss): its first loss is twice a stock run's on the same samples."""
+    own = _first_cli_loss(tiny_llama, tmp_path, "own", {"imports": ["tests.custom_task"], "task": "double_lm_cli",
+                                                        "stages.lora.steps": 1})
+    plain = _first_cli_loss(tiny_llama, tmp_path, "plain", {"stages.lora.steps": 1})
+    assert own["loss"] == pytest.approx(2 * plain["loss"], rel=1e-5)
