@@ -96,10 +96,13 @@ def run_eval(spec: ModelSpec, tasks: list[str], *, data_dir: str | os.PathLike |
              stride: int | None = None, output: str | os.PathLike | None = None,
              lengths: list[int] | tuple[int, ...] = DEFAULT_LENGTHS,
              depths: list[float] | tuple[float, ...] = DEFAULT_DEPTHS, samples: int = DEFAULT_SAMPLES,
-             seed: int = 0, plot_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+             seed: int = 0, plot_dir: str | os.PathLike | None = None,
+             models: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Run ``tasks`` on the model of ``spec``; append each record to ``output`` (JSONL) as it finishes.
     Long-context tasks run every (length, depth) cell of ``lengths`` × ``depths`` with ``samples`` prompts,
-    deterministic for ``seed``; ``plot_dir`` gets their heat maps and loss curves."""
+    deterministic for ``seed``; ``plot_dir`` gets their heat maps and loss curves. ``models``: a dict the caller
+    keeps across calls for the same ``spec`` (model kind -> loaded model and tokenizer), so that a sweep calling
+    once per task loads the model once; a task that fails drops it (it may have left the model changed)."""
     objs: list[EvalTask] = get_tasks(tasks)
     options = EvalOptions(split=split, data_dir=data_dir, limit=limit, batch_size=batch_size, context=context,
                           stride=stride, lengths=lengths, depths=depths, samples=samples, seed=seed)
@@ -115,15 +118,19 @@ def run_eval(spec: ModelSpec, tasks: list[str], *, data_dir: str | os.PathLike |
     if data_dir is not None:
         check_local_data(tasks, split, data_dir)
     records: list[dict[str, Any]] = []
-    loaded: dict[str, Any] = {}
+    loaded: dict[str, Any] = {} if models is None else models
     for obj in objs:
         kind = obj.model_kind
         if kind not in loaded:
             loaded.clear()  # one model in memory at a time
             loaded[kind] = spec.load(kind)
         model, tok = loaded[kind]
-        new = obj.run(EvalRun.of(options, task=obj.name, model=model, tokenizer=tok,
-                                 describe=lambda model=model: spec.describe(model)))
+        try:
+            new = obj.run(EvalRun.of(options, task=obj.name, model=model, tokenizer=tok,
+                                     describe=lambda model=model: spec.describe(model)))
+        except BaseException:
+            loaded.clear()
+            raise
         records += new
         if output:
             with open(output, "a") as f:

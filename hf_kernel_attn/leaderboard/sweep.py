@@ -362,6 +362,7 @@ def _evaluate_row(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: lis
     params = (m.get("kernel_params") or {}).get(kernel, {})
     spec = ModelSpec(model_path, gguf, spec_kernel, m.get("layers") if spec_kernel else None,
                      params if spec_kernel else {})
+    models: dict[str, Any] = {}  # the row's model, loaded once for all its tasks (run_eval keeps it here)
     for task in todo:
         label = f"{m['name']} {kernel} {task}"
         limit = _limit(cfg, task)
@@ -372,7 +373,7 @@ def _evaluate_row(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: lis
                 records = run_eval(spec, [task], data_dir=cfg["data_dir"], split=cfg["split"], limit=limit,
                                    batch_size=cfg["batch_size"], context=cfg["context"],
                                    lengths=m.get("lengths", cfg["lengths"]), depths=m.get("depths", cfg["depths"]),
-                                   samples=m.get("samples", cfg["samples"]), seed=cfg["seed"])
+                                   samples=m.get("samples", cfg["samples"]), seed=cfg["seed"], models=models)
         except Exception as exc:
             emit("error", m, kernel, error(task, exc))
             continue

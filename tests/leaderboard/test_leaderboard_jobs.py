@@ -123,3 +123,38 @@ def test_killed_sweep_takes_its_workers_with_it(minilm_dir, tmp_path):
     alive = [p for p in workers if os.path.exists(f"/proc/{p}") and "Z" not in
              Path(f"/proc/{p}/stat").read_text().split()[2]]
     assert workers and not alive
+
+
+def test_a_row_loads_its_model_once_and_scores_each_task_as_a_fresh_load_does(tiny_llama, tmp_path, monkeypatch):
+    """A leaderboard row keeps its model across its tasks (one load per row, not per cell); every cell's records
+    equal those of `run_eval` on a freshly loaded model for that task alone (a task leaves nothing behind in the
+    model that changes the next one's numbers)."""
+    from hf_kernel_attn.evaluation import runner
+    from hf_kernel_attn.evaluation.runner import ModelSpec, run_eval
+
+    loads = []
+    original = runner.ModelSpec.load
+
+    def counting(self, kind):
+        loads.append((self.kernel, kind))
+        return original(self, kind)
+
+    monkeypatch.setattr(runner.ModelSpec, "load", counting)
+    tasks = ["wikitext2", "arc_easy", "passkey"]
+    config = {"output_dir": str(tmp_path / "lb"), "data_dir": str(DATA), "limit": 2, "context": 64,
+              "lengths": [128], "depths": [50], "samples": 1,
+              "models": [{"name": "tiny", "model": str(tiny_llama), "kernels": ["softmax", "elu"], "tasks": tasks}]}
+    (tmp_path / "lb.yaml").write_text(yaml.safe_dump(config))
+    assert main(["leaderboard", str(tmp_path / "lb.yaml")]) == 0
+    assert sorted(loads) == [("elu", "causal_lm"), ("softmax", "causal_lm")]  # one load per row
+    rows = [json.loads(x) for x in (tmp_path / "lb" / "results.jsonl").read_text().splitlines()]
+    drop = ("seconds", "model_name", "kernel_row", "decode_ms_per_token")
+    for kernel in ("softmax", "elu"):
+        for task in tasks:
+            spec = ModelSpec(str(tiny_llama), None, kernel)
+            fresh = run_eval(spec, [task], data_dir=DATA, limit=2, context=64, lengths=[128], depths=[50],
+                             samples=1)
+            got = [r for r in rows if r["kernel_row"] == kernel and r["task"] == task]
+            a = [{k: v for k, v in r.items() if k not in drop} for r in got]
+            b = [{k: v for k, v in r.items() if k not in drop} for r in fresh]
+            assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True), (kernel, task)  # NaN == NaN
