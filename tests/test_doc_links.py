@@ -48,3 +48,17 @@ def test_relative_links_resolve(page):
         elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
             broken.append(f"{target} (no heading #{fragment} in {dest.relative_to(ROOT)})")
     assert not broken, f"{page.relative_to(ROOT)}: broken links: {broken}"
+
+
+DATA_FOLDERS = ("docs/results", "docs/long_context", "docs/similarity")
+
+
+def test_every_data_file_under_docs_is_named_by_a_page():
+    """Records, plots and benchmark JSON under docs/ are each named (by file name) on some page -- README, the
+    changelog or docs/*.md -- so a number's source can be found from the page that states it."""
+    text = "\n".join(p.read_text() for p in PAGES)
+    files = [p for folder in DATA_FOLDERS for p in sorted((ROOT / folder).rglob("*"))
+             if p.is_file() and p.suffix != ".md"]
+    assert files, "no data files found under docs/"
+    unnamed = [str(p.relative_to(ROOT)) for p in files if p.name not in text]
+    assert not unnamed, f"data files no page names: {unnamed}"
