@@ -1,0 +1,69 @@
+"""Issue 35: does the sparse cache hold the passkey, and does the model read it? For passkey prompts (the eval
+task's own prompts, seed 0, first sample of each cell), after the prompt: how many of the needle's digit pairs
+each layer's sparse cache holds (out of digits x KV heads), and the greedy answer with the cache, and with the
+linear branch switched off (window + sinks + the cached pairs attended exactly, λ = 0).
+
+    python scripts/sparse_cache_probe.py --model outputs/smollm2-hedgehog-sinks-window64-recall/final \
+        --param sparse_cache=100 --param sparse_block=8 --cells 2048@0 2048@25 4096@25 1024@0 \
+        --output docs/results/recall/sparse-cache-probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from hf_kernel_attn.evaluation.long_context import TASKS
+from hf_kernel_attn.evaluation.runner import ModelSpec
+from hf_kernel_attn.integration.branches import linear_branch_off
+from hf_kernel_attn.integration.cache import new_cache
+from hf_kernel_attn.kernel_args import parse_params
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--param", action="append", default=[], help="KEY=VALUE option of the saved kernel")
+    p.add_argument("--cells", nargs="+", default=["2048@0", "2048@25", "4096@25", "1024@0"], help="LENGTH@DEPTH")
+    p.add_argument("--output", default=None)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    model, tok = ModelSpec(args.model, None, None, None, parse_params(args.param).get(None, {})).load("causal_lm")
+
+    def encode(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    rows = []
+    for cell in args.cells:
+        length, depth = (int(x) for x in cell.split("@"))
+        sample = TASKS["passkey"].samples(encode, length, depth, 1, 0)[0]
+        key = sample.answers[0]
+        span = range(sample.needle_start, sample.needle_start + len(encode(f" The pass key is {key}. Remember it. "
+                                                                            f"The pass key is {key}.")))
+        digits = {i for i in span if tok.decode([sample.ids[i]]).strip().isdigit()}
+        ids = torch.tensor([sample.ids])
+        cache = new_cache(model)
+        with torch.no_grad():
+            model(ids, past_key_values=cache, use_cache=True)
+            answer = tok.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1]:])
+            with linear_branch_off(model):
+                answer_off = tok.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1]:])
+        held = []
+        for layer in cache.layers:
+            sc = layer.state.sparse
+            held.append(sum(len({int(p) for p, ok in zip(sc.pos[0, h], sc.valid[0, h], strict=True) if ok} & digits)
+                            for h in range(sc.pos.shape[1])))
+        row = {"length": length, "depth": depth, "key": key, "digit_tokens": len(digits),
+               "kv_heads": int(cache.layers[0].state.sparse.pos.shape[1]), "digit_pairs_held_by_layer": held,
+               "answer": answer, "answer_linear_branch_off": answer_off}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump({"model": args.model, "params": args.param, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
