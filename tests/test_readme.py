@@ -137,7 +137,7 @@ def _run_block(block: Block, workdir: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
 
 
-@pytest.mark.slow(385)
+@pytest.mark.slow(260)
 @pytest.mark.real_model
 def test_every_readme_block_runs_offline_in_order(workdir: Path):
     """One test, the blocks in the README's order (later blocks read what earlier ones wrote), so that pytest-xdist
