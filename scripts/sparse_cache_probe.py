@@ -1,6 +1,7 @@
 """Issue 35: does the sparse cache hold the passkey, and does the model read it? For passkey prompts (the eval
 task's own prompts, seed 0, first sample of each cell), after the prompt: how many of the needle's digit pairs
-each layer's sparse cache holds (out of digits x KV heads), and the greedy answer with the cache, and with the
+each layer's sparse cache holds (out of digits x KV heads), how many of all the needle's pairs (its words too),
+and the greedy answer with the cache, and with the
 linear branch switched off (window + sinks + the cached pairs attended exactly, λ = 0).
 
     python scripts/sparse_cache_probe.py --model outputs/smollm2-hedgehog-sinks-window64-recall/final \
@@ -50,13 +51,16 @@ def main() -> None:
             answer = tok.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1]:])
             with linear_branch_off(model):
                 answer_off = tok.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1]:])
-        held = []
+        held, held_all = [], []
         for layer in cache.layers:
             sc = layer.state.sparse
-            held.append(sum(len({int(p) for p, ok in zip(sc.pos[0, h], sc.valid[0, h], strict=True) if ok} & digits)
-                            for h in range(sc.pos.shape[1])))
+            kept = [{int(p) for p, ok in zip(sc.pos[0, h], sc.valid[0, h], strict=True) if ok}
+                    for h in range(sc.pos.shape[1])]
+            held.append(sum(len(k & digits) for k in kept))
+            held_all.append(sum(len(k & set(span)) for k in kept))
         row = {"length": length, "depth": depth, "key": key, "digit_tokens": len(digits),
-               "kv_heads": int(cache.layers[0].state.sparse.pos.shape[1]), "digit_pairs_held_by_layer": held,
+               "needle_tokens": len(span), "kv_heads": int(cache.layers[0].state.sparse.pos.shape[1]),
+               "digit_pairs_held_by_layer": held, "needle_pairs_held_by_layer": held_all,
                "answer": answer, "answer_linear_branch_off": answer_off}
         print(json.dumps(row), flush=True)
         rows.append(row)
