@@ -12,7 +12,7 @@ import torch
 
 from ..evaluation.lm_eval_tasks import local_task_args, register_model
 from ..evaluation.runner import ModelSpec, run_eval, summary_table
-from ..kernel_args import parse_kernel_spec, parse_params
+from ..kernel_args import check_param_targets, kernel_options, parse_kernel_spec, parse_params
 from ..kernels import SOFTMAX
 from ..leaderboard.sweep import leaderboard
 from ..model_paths import locate_model
@@ -38,11 +38,8 @@ def eval_kernel(kernel: str | None, items: list[str] | None) -> tuple[str | None
                              "--kernel the model runs its saved kernel; give its options as --param KEY=VALUE")
         return None, params.get(None, {})
     name, inline = parse_kernel_spec(kernel)
-    stray = sorted(k for k in params if k is not None and k != name)
-    if stray:
-        raise ValueError(f"--param names kernel(s) {stray}; this evaluation runs {name!r}")
-    general = {} if name == SOFTMAX else params.get(None, {})
-    return name, {**general, **params.get(name, {}), **inline}
+    check_param_targets(params, [name])
+    return name, kernel_options(name, inline, params, softmax=SOFTMAX)
 
 
 def eval_command(args: argparse.Namespace) -> int:

@@ -57,7 +57,6 @@ def register_model() -> None:
 
         def __init__(self, pretrained: Any, kernel: str | None = None, layers: Any = None,
                      kernel_params: Any = None, gguf_file: str | None = None, **kwargs: Any) -> None:
-
             if isinstance(pretrained, str):
                 if pretrained.startswith(PKG_PREFIX):
                     pretrained = resolve_package_path(pretrained)

@@ -12,7 +12,6 @@ from ..data.files import read_text_file
 
 def read_text(path: str | Path, max_chars: int | None = None) -> str:
     """A UTF-8 text file; ValueError naming the file when it is missing, binary, not UTF-8 or empty."""
-
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"data file {str(path)!r} does not exist")

@@ -208,7 +208,6 @@ def _check_head_count(scores: dict[int, list[float]], k: int, group: int, criter
 
 
 def _kernels(model: nn.Module) -> list[Any]:
-
     return [m.kernel_attn for m in model.modules() if getattr(m, KERNEL_ATTR, None) is not None]
 
 

@@ -102,7 +102,6 @@ def from_pretrained(
     checkpoint ships. See docs/security.md."""
     from transformers import AutoConfig
 
-
     name_or_path = local_model_path(name_or_path)
     trusted = bool(kwargs.get("trust_remote_code"))
     import_modules(list(kernel_modules), where="kernel_modules", trust_remote_code=trusted)

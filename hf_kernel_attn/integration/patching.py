@@ -407,7 +407,6 @@ def install_hooks() -> None:
     from transformers.cache_utils import DynamicCache
     from transformers.generation.utils import GenerationMixin
 
-
     orig_prepare_cache = GenerationMixin._prepare_cache_for_generation
 
     @functools.wraps(orig_prepare_cache)

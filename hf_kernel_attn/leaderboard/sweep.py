@@ -122,7 +122,6 @@ def heartbeat(label: str, status: Callable[[], str] | None = None) -> Iterator[N
 
 def _unknown_keys(keys: set, valid: set[str], where: str) -> None:
     """ValueError naming each unknown key, the nearest valid key, and the valid keys."""
-
     unknown = sorted(str(k) for k in keys - valid)
     if unknown:
         hints = [f"{k!r} (did you mean {near!r}?)" if (near := nearest_key(k, sorted(valid))) else repr(k)
@@ -135,7 +134,6 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     ``models.2.finetune_set``), a YAML value, as ``finetune --set`` takes them. Mappings on the way are created
     where the config has none (``speed.repeats=1`` with ``speed: null``); a bad index is a ValueError naming the
     list's length. The result is checked like the file itself."""
-
     for item in overrides:
         try:
             path, value = parse_override(item)
@@ -170,7 +168,6 @@ def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None
                             overrides: list[str] | None = None) -> dict[str, Any]:
     """Read and check a leaderboard YAML (with ``overrides``, ``KEY=VALUE`` items as in ``--set``); every error
     is a ValueError naming the bad key or value."""
-
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"leaderboard config {str(path)!r} does not exist")
@@ -265,7 +262,6 @@ def _limit(cfg: dict[str, Any], task: str) -> int | None:
 
 def _finetuned(cfg: dict[str, Any], m: dict[str, Any], kernel: str) -> str | None:
     """Run (or resume) the conversion of one row; returns its final model folder."""
-
     config_path = m["finetune"].format(kernel=kernel)
     out = Path(cfg["output_dir"]) / "models" / f"{m['name']}-{kernel}"
     if (out / "final" / "config.json").exists():
@@ -469,7 +465,6 @@ def _speed(cfg: dict[str, Any], path: Path) -> None:
 
 def _speed_model(m: dict[str, Any], length: int, repeats: int) -> list[dict[str, Any]]:
     """:func:`_speed` of one model entry: its rows of speed/model_bench.py's ``bench_models``."""
-
     label = f"speed {m['name']}"
     count = {"forwards": 0, "total": 0, "last": "loading the models"}
 
@@ -558,7 +553,6 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
     long_records = [r for r in records if r["split"] == split and _by_length(r["task"])]
     if long_records:
         try:
-
             plot_long_context(long_records, out / "long_context")
         except ImportError:
             pass
@@ -587,7 +581,6 @@ def _long_columns(task: str, cfg: dict[str, Any]) -> list[str]:
 def _chances(cfg: dict[str, Any], cell: dict[tuple[str, str, str], dict[str, Any]]) -> dict[tuple, Any]:
     """Each scored cell's chance level (:mod:`.chance`: from the task's definition and data; None for
     perplexity)."""
-
     out = {}
     for key, r in cell.items():
         out[key] = chance_level(key[2].split("@")[0], r["metric"], r.get("n"), split=cfg["split"],
@@ -608,7 +601,6 @@ def _timed_as(cfg: dict[str, Any]) -> dict[tuple[str, str], tuple[str, str]]:
 
 def _chance_notes(rows, columns, cell, chances) -> list[str]:
     """leaderboard.md's lines on chance: each column's level(s) and the cells at or below it."""
-
     lines = []
     for t in columns:
         levels: dict[tuple[float, str], list[tuple[str, str]]] = {}
@@ -628,7 +620,6 @@ def _chance_notes(rows, columns, cell, chances) -> list[str]:
 
 
 def _plots(cfg: dict[str, Any], out: Path, rows, columns, cell, chances, speed_rows=()) -> None:
-
     with heartbeat("plots"):
         written = write_plots(out, rows, columns, cell, chances, speed_rows, _timed_as(cfg))
     if written:

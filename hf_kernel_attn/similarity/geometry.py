@@ -61,7 +61,6 @@ def attention_map(kernel: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, sca
 
 
 def geometry_kernel(name: str, head_dim: int = 2) -> torch.nn.Module:
-
     return build_kernel(name, LayerShape(1, 1, head_dim), GEOMETRY_PARAMS.get(name, {})).eval()
 
 
@@ -120,7 +119,6 @@ def _forward_params(model) -> set[str]:
 def layer_qkv(model, layer: int, input_ids: torch.Tensor) -> dict[str, Any]:
     """q, k, v (after RoPE) and the softmax scale that layer ``layer`` hands its kernel, captured by a forward
     pre-hook on ``<attention>.kernel_attn`` (the model must be patched, softmax included)."""
-
     modules = attention_modules(model)
     if not -len(modules) <= layer < len(modules):
         raise ValueError(f"layer {layer} out of range: the model has {len(modules)} attention layers")

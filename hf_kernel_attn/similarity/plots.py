@@ -96,7 +96,6 @@ def _load(model: str, gguf_file: str | None, tokenizer: bool = True):
 
 
 def _untrained_kernel(name: str, ref: dict[str, Any], layer: int) -> torch.nn.Module:
-
     q, k = ref["q"], ref["k"]
     shape = LayerShape(q.shape[1], k.shape[1], q.shape[-1], layer_idx=layer, max_positions=max(2048, q.shape[2]))
     return build_kernel(name, shape).eval()
@@ -120,7 +119,6 @@ def _summary(w: torch.Tensor, ref_w: torch.Tensor, logk: torch.Tensor) -> dict[s
 def plot_real(model_path: str, gguf_file: str | None, layer: int | None, head: int, converted: dict[str, str],
               data_file: str, tokens: int, output_dir: Path,
               kernels: tuple[str, ...] = REAL_KERNELS) -> dict[str, Any]:
-
 
     model, tok = _load(model_path, gguf_file)
     num_layers = model.config.num_hidden_layers

@@ -304,7 +304,6 @@ def build_model(setting: Setting, kernel: str, seed: int):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-
     m = setting.model
     config = LlamaConfig(
         vocab_size=setting.vocab_size, hidden_size=m["hidden_size"], intermediate_size=m["intermediate_size"],
@@ -345,7 +344,6 @@ def run_synthetic(task: str, kernel: str, seed: int, setting: str | None = None,
     """Train the setting's tiny Llama with ``kernel`` from scratch and return its leaderboard record."""
     import torch
     import torch.nn.functional as F
-
 
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; available kernels: {sorted(KERNELS)}")
@@ -410,7 +408,6 @@ def run_many(task: str, kernels: list[str], seeds: list[int], settings: list[str
              log: Callable[[str], None] | None = print) -> list[dict[str, Any]]:
     """Every (setting, kernel, seed); with ``output`` (a results.jsonl) finished runs are skipped and each new
     record is appended atomically as soon as its run ends, so a killed sweep resumes where it stopped."""
-
     unknown = [k for k in kernels if k not in KERNELS]
     if unknown:
         raise ValueError(f"unknown kernel(s) {unknown}; available kernels: {sorted(KERNELS)}")

@@ -310,7 +310,6 @@ def _quadratic_causal_flops(n: int, batch: int, hq: int, d: int, dv: int) -> flo
     """Matmul FLOPs of the closed-form causal quadratic path (taylor, short sequences): each block of L
     queries scores the keys up to its end E (2·L·E·d) and multiplies by V with its ones column
     (2·L·E·(Dv + 1)), per query head."""
-
     block = quadratic_block(n, batch * hq * n)
     pairs = sum((min(s + block, n) - s) * min(s + block, n) for s in range(0, n, block))
     return hq * 2.0 * pairs * (d + dv + 1)

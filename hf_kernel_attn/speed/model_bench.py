@@ -62,7 +62,6 @@ def load_models(
     attention direction are left out with a message from :func:`bench_models`' rows instead."""
     import transformers
 
-
     unknown = [k for k in kernels if k not in KERNELS]
     if unknown:
         raise ValueError(f"unknown kernel(s) {unknown}; available kernels: {sorted(KERNELS)}")

@@ -314,7 +314,6 @@ def _recording(module: torch.nn.Module, method: Any, called: set[int]) -> Any:
 def run_kernel(model: torch.nn.Module, inputs: dict[str, torch.Tensor], kernel: str,
                reference: torch.Tensor | None = None) -> dict[str, Any]:
     """Patch a deep copy of ``model`` with ``kernel``, run ``inputs``, and describe the outcome (one cell)."""
-
     patched = copy.deepcopy(model)
     torch.manual_seed(SEED + 1)
     try:
@@ -337,7 +336,6 @@ def run_kernel(model: torch.nn.Module, inputs: dict[str, torch.Tensor], kernel: 
             h.remove()
     cell: dict[str, Any] = {"status": "ok", "kernels_called": f"{len(called)}/{len(attached)}"}
     if len(called) < len(attached):
-
         impls = sorted({str(getattr(getattr(m, "config", None), "_attn_implementation", None))
                         for m in attention_modules(patched)} - {kernel})
         why = f" (attention modules read a config whose attn_implementation is {impls})" if impls else ""
@@ -355,7 +353,6 @@ def run_kernel(model: torch.nn.Module, inputs: dict[str, torch.Tensor], kernel: 
 
 def run_architecture(arch: Architecture, kernels: Iterable[str] = KERNELS) -> dict[str, Any]:
     """One row: the architecture, its model class and reference attention, and one cell per kernel."""
-
     start = time.perf_counter()
     row: dict[str, Any] = {"architecture": arch.name, "model_type": arch.model_type, "kind": arch.kind,
                            "overrides": dict(arch.overrides), "cells": {}}

@@ -253,7 +253,6 @@ def validate(config: dict[str, Any]) -> None:
     _check(layers is None or isinstance(layers, (list, dict, str)),
            f"layers must be null, a list of layer indices, a mapping {{index: kernel}} or 'auto:K', got {layers!r}")
     if isinstance(layers, str):
-
         try:
             parse_auto(layers)
         except ValueError as exc:
@@ -269,7 +268,6 @@ def validate(config: dict[str, Any]) -> None:
             raise ConfigError(f"layers: {exc}") from None
     heads = config["heads"]
     if heads is not None:
-
         try:
             criterion, _ = parse_heads(heads)
         except ValueError as exc:

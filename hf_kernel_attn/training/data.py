@@ -40,7 +40,6 @@ def _train_files(train: str | list[str]) -> list[Path] | str:
 
 
 def _read(path: Path) -> str:
-
     return read_text_file(path, "data.train file", allow_empty=False)
 
 
@@ -116,7 +115,6 @@ def text_blocks(config: dict[str, Any], tokenizer) -> tuple[Split, Split]:
 
 def glue_examples(config: dict[str, Any]) -> tuple[Split, Split]:
     """Rows of the GLUE files in ``data.train`` (``data.glue_task`` layout); every 10th row held out."""
-
     task = config["data"]["glue_task"]
     source = _train_files(config["data"]["train"])
     if isinstance(source, str):

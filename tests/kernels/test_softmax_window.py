@@ -18,6 +18,7 @@ from hf_kernel_attn.integration.cache import (
 )
 from hf_kernel_attn.kernels import LayerShape, build_kernel, softmax
 from tests.kernels import reference as ref
+from tests.kernels.helpers import make_mask
 
 D, DV = 8, 5
 SCALING = 0.3  # not D^-1/2: a kernel ignoring `scaling` is caught
@@ -37,12 +38,7 @@ def inputs(b, hq, hkv, n, m, dtype=torch.float32, seed=0):
 
 def padding(b, m, causal, pad=5):
     """Row 1 padded: on the left for decoders, on the right for encoders; row 0 unpadded."""
-    mask = torch.ones(b, m, dtype=torch.bool)
-    if causal:
-        mask[1, :pad] = False
-    else:
-        mask[1, m - pad:] = False
-    return mask
+    return make_mask(b, m, causal, pad)
 
 
 @pytest.fixture
