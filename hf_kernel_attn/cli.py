@@ -120,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--gguf-file", default=None, help=GGUF_HELP)
     dec.add_argument("--kernels", nargs="+", default=["elu", "relu", "cosformer", "performer", "dijiang", "hedgehog",
                                                       "taylor"],
-                     help="kernel names, or name:key=value,... with options (e.g. softmax:window=64,sinks=4)")
+                     help="kernel names, or name:key=value,... with options (e.g. softmax:window=64,sinks=4); "
+                          "'saved': the kernels a converted --model was saved with. Each runs on its own copy of "
+                          "the model, decode steps interleaved")
     dec.add_argument("--param", action="append", metavar="[KERNEL.]KEY=VALUE", help=PARAM_HELP)
     dec.add_argument("--contexts", nargs="+", type=_positive_int, default=[256, 1024, 2048, 4096, 8192])
     dec.add_argument("--steps", type=_positive_int, default=8, help="timed decode steps per point (median)")

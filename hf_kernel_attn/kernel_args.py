@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 SYNTAX = "a kernel is NAME or NAME:KEY=VALUE,...; --param takes KEY=VALUE (every kernel) or NAME.KEY=VALUE"
+SAVED = "saved"  # as a kernel spec of perplexity and decode-bench: the kernels the model was saved with, as loaded
 
 
 def parse_value(text: str) -> Any:

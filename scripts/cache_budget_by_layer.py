@@ -53,6 +53,16 @@ def main() -> None:
     ap.add_argument("--model", required=True, type=Path, help="a converted model folder (window hybrid)")
     ap.add_argument("--average", type=int, default=64, help="pairs per KV head per layer on average")
     ap.add_argument("--layers", type=int, default=8, help="how many of the best-scoring layers hold a cache")
+    ap.add_argument("--retrieval-cache", type=int, default=None,
+                    help="sparse_cache of the chosen layers (instead of sharing --average among them)")
+    ap.add_argument("--other-cache", type=int, default=0, help="sparse_cache of the other layers (with "
+                    "--retrieval-cache; default 0)")
+    ap.add_argument("--retrieval-sinks", type=int, default=None, help="sinks of the chosen layers (default: the "
+                    "model's): the prompt's first tokens, e.g. an instruction, attended exactly")
+    ap.add_argument("--retrieval-softmax", action="store_true", help="every query head of the chosen layers is a "
+                    "retrieval head on a budget: softmax over sinks, window and cached pairs, no linear part")
+    ap.add_argument("--sparse-block", type=int, default=None, help="sparse_block of every cached layer")
+    ap.add_argument("--choose", type=int, nargs="+", default=None, help="these layers instead of the best-scoring")
     ap.add_argument("--data", nargs="+", type=Path, default=[Path("../shared/data/tinyshakespeare/train.txt"),
                                                              Path("../shared/data/ptb/ptb.valid.txt")])
     ap.add_argument("--blocks", type=int, default=8)
@@ -70,14 +80,23 @@ def main() -> None:
     n_layers = len(layer_score)
     if not 0 < args.layers <= n_layers:
         raise SystemExit(f"--layers must be 1..{n_layers} (the model's attention layers), got {args.layers}")
-    chosen = sorted(sorted(layer_score, key=lambda i: -layer_score[i])[:args.layers])
-    per_layer = args.average * n_layers // args.layers
+    chosen = sorted(args.choose or sorted(layer_score, key=lambda i: -layer_score[i])[:args.layers])
+    if any(not 0 <= i < n_layers for i in chosen):
+        raise SystemExit(f"--choose: layer indices 0..{n_layers - 1}, got {args.choose}")
+    per_layer = args.average * n_layers // len(chosen) if args.retrieval_cache is None else args.retrieval_cache
+    others = 0 if args.retrieval_cache is None else args.other_cache
 
     config = json.loads((args.model / "config.json").read_text())
     kcfg = config["kernel_attention"]
     params = {k: v for k, v in kcfg["params"].items() if k != "sparse_cache"}
-    kcfg["layers"] = {str(i): {"kernel": kcfg["kernel"], "params": {**params, "sparse_cache": per_layer}}
-                      for i in chosen}
+    block = {} if args.sparse_block is None else {"sparse_block": args.sparse_block}
+    kcfg["params"] = {**params, "sparse_cache": others, **block} if others else params
+    special = {"sparse_cache": per_layer, **block}
+    if args.retrieval_sinks is not None:
+        special["sinks"] = args.retrieval_sinks
+    if args.retrieval_softmax:
+        special["softmax_heads"] = list(range(model.config.num_attention_heads))
+    kcfg["layers"] = {str(i): {"kernel": kcfg["kernel"], "params": {**params, **special}} for i in chosen}
     args.output.mkdir(parents=True, exist_ok=True)
     for f in args.model.iterdir():
         target = args.output / f.name
@@ -89,6 +108,7 @@ def main() -> None:
             shutil.copy2(f, target)
     (args.output / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     record = {"source": str(args.model), "average": args.average, "layers": chosen, "sparse_cache": per_layer,
+              "other_layers_sparse_cache": others, "chosen_layer_params": special,
               "layer_scores": {str(i): round(s, 5) for i, s in sorted(layer_score.items())},
               "calibration_blocks": args.blocks, "seq_len": args.seq_len}
     (args.output / "cache_budget.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -18,7 +18,7 @@ import torch
 
 from hf_kernel_attn.evaluation.long_context import TASKS
 from hf_kernel_attn.evaluation.runner import ModelSpec
-from hf_kernel_attn.integration.branches import linear_branch_off
+from hf_kernel_attn.integration.branches import hybrid_layers, linear_branch_off
 from hf_kernel_attn.integration.cache import new_cache
 from hf_kernel_attn.kernel_args import parse_params
 
@@ -28,10 +28,16 @@ def main() -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--param", action="append", default=[], help="KEY=VALUE option of the saved kernel")
     p.add_argument("--cells", nargs="+", default=["2048@0", "2048@25", "4096@25", "1024@0"], help="LENGTH@DEPTH")
+    p.add_argument("--linear-off-layers", type=int, nargs="*", default=[],
+                   help="these layers run with their linear branch switched off throughout (λ = 0)")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
     model, tok = ModelSpec(args.model, None, None, None, parse_params(args.param).get(None, {})).load("causal_lm")
+
+    layers = hybrid_layers(model)
+    for i in args.linear_off_layers:
+        layers[i].linear_branch_off = True
 
     def encode(text: str) -> list[int]:
         return tok(text, add_special_tokens=False)["input_ids"]
@@ -66,7 +72,8 @@ def main() -> None:
         rows.append(row)
     if args.output:
         with open(args.output, "w") as f:
-            json.dump({"model": args.model, "params": args.param, "rows": rows}, f, indent=1)
+            json.dump({"model": args.model, "params": args.param, "linear_off_layers": args.linear_off_layers,
+                   "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

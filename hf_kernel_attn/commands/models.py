@@ -14,13 +14,11 @@ from ..evaluation.perplexity import perplexity, read_text
 from ..integration.loading import convert_gguf
 from ..integration.patching import kernel_config
 from ..integration.swap import patch
-from ..kernel_args import format_kernel_spec, resolve_kernels
+from ..kernel_args import SAVED, format_kernel_spec, resolve_kernels
 from ..kernels import KERNELS, SOFTMAX
 from ..model_paths import load_errors, locate_model
 from ..speed.decoding import run_decode_suite
 from ..speed.kernel_bench import format_machine, machine_info
-
-SAVED = "saved"  # perplexity --kernels: the model's own (trained) kernel, as loaded
 
 
 def load_causal_lm(model: str, gguf_file: str | None, path: str | None = None):
@@ -76,14 +74,16 @@ def perplexity_command(args: argparse.Namespace) -> int:
 
 def decode_bench_command(args: argparse.Namespace) -> int:
     path = locate_model(args.model, args.gguf_file)
-    kernels = resolve_kernels(args.kernels, args.param, softmax=SOFTMAX)
+    named = [k for k in args.kernels if k != SAVED]  # `saved`: the kernels the model folder was saved with
+    kernels = resolve_kernels(named, args.param, softmax=SOFTMAX)
     check_kernels([name for name, _ in kernels])
+    specs = iter(format_kernel_spec(name, options) for name, options in kernels)
     if args.threads:
         torch.set_num_threads(args.threads)
     model, _ = load_causal_lm(args.model, args.gguf_file, path)
     print(format_machine(machine_info(torch.get_num_threads())))
     rows = run_decode_suite(
-        model, [format_kernel_spec(name, options) for name, options in kernels], args.contexts, steps=args.steps,
+        model, [SAVED if k == SAVED else next(specs) for k in args.kernels], args.contexts, steps=args.steps,
         synthetic=args.synthetic_cache,
         progress=lambda r: print(f"{r['kernel']:10s} context {r['context']:6d}: {r['decode_ms']:8.2f} ms/token, "
                                  f"cache {r['cache_bytes'] / 2**20:8.1f} MiB "

@@ -34,13 +34,14 @@ def linear_branch_off(model: nn.Module) -> Iterator[list[int]]:
     """Inside, every hybrid layer computes softmax over its window alone (λ = 0 on the feature-map part);
     yields the layers switched."""
     layers = hybrid_layers(model)
+    before = {i: k.linear_branch_off for i, k in layers.items()}
     for k in layers.values():
         k.linear_branch_off = True
     try:
         yield sorted(layers)
     finally:
-        for k in layers.values():
-            k.linear_branch_off = False
+        for i, k in layers.items():
+            k.linear_branch_off = before[i]
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-from ..config import CONFIG_KEY, KernelAttentionConfig
+from ..config import CONFIG_KEY, KernelAttentionConfig, LayerChoice
 from ..kernels import import_modules, kernel_class
 from ..model_paths import PKG_PREFIX, resolve_package_path
 from .layer_choice import auto_patch, parse_auto
@@ -56,10 +56,12 @@ def split_kernel_params(kernel: str, kwargs: dict[str, Any]) -> tuple[dict[str, 
     return params, rest
 
 
-def with_saved_kernel_options(config: Any, options: dict[str, Any]) -> Any:
+def with_saved_kernel_options(config: Any, options: dict[str, Any],
+                              layer_options: dict[int, dict[str, Any]] | None = None) -> Any:
     """A copy of a saved kernel model's ``config`` whose kernel (and every layer running that kernel) has
-    ``options`` added or replaced; the layers that run another kernel (softmax, say) are left as saved. The kernel
-    classes validate the result, so an option the kernel lacks is an error naming the valid ones."""
+    ``options`` added or replaced, and layer i ``layer_options[i]`` on top; the layers that run another kernel
+    (softmax, say) are left as saved, and options for one of them are an error. The kernel classes validate the
+    result, so an option the kernel lacks is an error naming the valid ones."""
     data = getattr(config, CONFIG_KEY, None)
     if not data:
         raise ValueError("kernel parameters given without kernel=..., and the checkpoint has no saved kernel "
@@ -67,6 +69,16 @@ def with_saved_kernel_options(config: Any, options: dict[str, Any]) -> Any:
     saved = KernelAttentionConfig.from_dict(data)
     layers = {i: dataclasses.replace(c, params={**c.params, **options}) if c.kernel == saved.kernel else c
               for i, c in saved.layers.items()}
+    count = getattr(config, "num_hidden_layers", None)
+    for i, extra in (layer_options or {}).items():
+        i = int(i)
+        if count is not None and not 0 <= i < count:
+            raise ValueError(f"layer options for layer {i}: the model has layers 0..{count - 1}")
+        choice = layers.get(i, LayerChoice(saved.kernel, {**saved.params, **options}))
+        if choice.kernel != saved.kernel:
+            raise ValueError(f"layer options for layer {i}: it runs {choice.kernel!r}, not the model's kernel "
+                             f"{saved.kernel!r}; options are added to layers running {saved.kernel!r} only")
+        layers[i] = dataclasses.replace(choice, params={**choice.params, **extra})
     merged = dataclasses.replace(saved, params={**saved.params, **options}, layers=layers)
     config = copy.deepcopy(config)
     setattr(config, CONFIG_KEY, merged.to_dict())

@@ -3,6 +3,7 @@ per-token latency against context length (softmax with a K/V cache vs the recurr
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections.abc import Sequence
@@ -14,7 +15,7 @@ from ..integration.attention import KERNEL_ATTR
 from ..integration.cache import RecurrentStateCache, RecurrentStateLayer, cache_bytes, new_cache
 from ..integration.modules import attention_modules
 from ..integration.swap import patch
-from ..kernel_args import parse_kernel_spec
+from ..kernel_args import SAVED, parse_kernel_spec
 from ..kernels import SOFTMAX, is_softmax, kernel_class
 from ..kernels.base import accum
 from ..kernels.linear.state import LinearState, SinkSet, SparseCache
@@ -98,60 +99,102 @@ def synthetic_cache(model, context: int, *, batch: int = 1, seed: int = 0):
 DECODE_WARMUP = 2  # untimed decode steps before the timed ones
 
 
-@torch.no_grad()
-def decode_latency(model, context: int, *, steps: int = 8, warmup: int = DECODE_WARMUP, batch: int = 1,
-                   seed: int = 0, synthetic: bool = False) -> dict[str, Any]:
-    """Prefill ``context`` random tokens (or, with ``synthetic``, build a random cache of that length:
-    :func:`synthetic_cache`), then time ``steps`` single-token decode steps (median)."""
+def _prepare(model, context: int, *, batch: int, seed: int, synthetic: bool):
+    """The cache after ``context`` random tokens (a prefill, or with ``synthetic`` a random cache of those sizes),
+    the next token, and the prefill's seconds (None when synthetic)."""
     gen = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
-    prefill = None
     if synthetic:
         cache = synthetic_cache(model, context, batch=batch, seed=seed)
-        token = torch.randint(0, model.config.vocab_size, (batch, 1), generator=gen).to(device)
-    else:
-        ids = torch.randint(0, model.config.vocab_size, (batch, context), generator=gen).to(device)
-        cache = new_cache(model)
-        start = time.perf_counter()
-        out = model(ids, cache=cache, use_cache=True, logits_to_keep=1)
-        prefill = time.perf_counter() - start
-        token = out.logits[:, -1:].argmax(-1)
-    times = []
-    for step in range(warmup + steps):
-        start = time.perf_counter()
-        out = model(token, cache=cache, use_cache=True)
-        if step >= warmup:
-            times.append(time.perf_counter() - start)
-        token = out.logits[:, -1:].argmax(-1)
+        return cache, torch.randint(0, model.config.vocab_size, (batch, 1), generator=gen).to(device), None
+    ids = torch.randint(0, model.config.vocab_size, (batch, context), generator=gen).to(device)
+    cache = new_cache(model)
+    start = time.perf_counter()
+    out = model(ids, cache=cache, use_cache=True, logits_to_keep=1)
+    return cache, out.logits[:, -1:].argmax(-1), time.perf_counter() - start
+
+
+def _timed_step(model, cache, token: torch.Tensor) -> tuple[float, torch.Tensor]:
+    start = time.perf_counter()
+    out = model(token, cache=cache, use_cache=True)
+    return time.perf_counter() - start, out.logits[:, -1:].argmax(-1)
+
+
+def _row(context: int, times: list[float], cache, prefill: float | None, batch: int, synthetic: bool):
     return {"context": context, "prefill_s": prefill,
             "prefill_tokens_per_s": None if prefill is None else batch * context / prefill,
             "decode_ms": 1e3 * statistics.median(times), "cache_bytes": cache_bytes(cache), "synthetic": synthetic}
 
 
-def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, steps: int = 8,
-                     synthetic: bool = False, progress=None) -> list[dict[str, Any]]:
-    """``decode_latency`` for every kernel and context; ``softmax`` (K/V cache) is always measured too.
-    cosformer gets ``horizon`` = the longest context when that exceeds the model's max positions.
-    Adds ``ratio_vs_softmax`` (same context) and ``ratio_vs_shortest`` (same kernel, shortest context)."""
-    kernels = [SOFTMAX, *[k for k in kernels if not is_softmax(k)]]
-    rows = []
-    longest = max(contexts) + steps + DECODE_WARMUP
+@torch.no_grad()
+def decode_latency(model, context: int, *, steps: int = 8, warmup: int = DECODE_WARMUP, batch: int = 1,
+                   seed: int = 0, synthetic: bool = False) -> dict[str, Any]:
+    """Prefill ``context`` random tokens (or, with ``synthetic``, build a random cache of that length:
+    :func:`synthetic_cache`), then time ``steps`` single-token decode steps (median)."""
+    cache, token, prefill = _prepare(model, context, batch=batch, seed=seed, synthetic=synthetic)
+    times = []
+    for step in range(warmup + steps):
+        took, token = _timed_step(model, cache, token)
+        if step >= warmup:
+            times.append(took)
+    return _row(context, times, cache, prefill, batch, synthetic)
+
+
+def _models_to_compare(model, kernels: Sequence[str], longest: int) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """{spec: (model, params)}: ``saved`` is ``model`` as loaded (its saved kernels, per layer); every other spec a
+    copy of it patched with that kernel (softmax first). cosformer gets ``horizon`` = the longest position when
+    that exceeds the model's max positions."""
+    found = {}
     for kernel in kernels:
+        if kernel == SAVED:
+            if not any(getattr(m, KERNEL_ATTR, None) is not None for m in attention_modules(model)):
+                raise ValueError(f"decode-bench: {SAVED!r} names the kernels the model was saved with, but "
+                                 "this model carries none (a converted model folder has kernel_attention in its "
+                                 "config.json); name kernels instead")
+            found[kernel] = (model, {})
+            continue
         name, params = parse_kernel_spec(kernel)
         horizon = kernel_class(name).horizon_option  # cosformer refuses positions past its horizon
         if horizon and longest > getattr(model.config, "max_position_embeddings", longest):
             params.setdefault(horizon, longest)
-        patch(model, kernel=name, **params)
-        for context in contexts:
-            row = {"kernel": kernel, "params": params,
-                   **decode_latency(model, context, steps=steps, synthetic=synthetic)}
+        copy_ = copy.deepcopy(model)
+        patch(copy_, kernel=name, **params)
+        found[kernel] = (copy_, params)
+    return found
+
+
+@torch.no_grad()
+def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, steps: int = 8,
+                     synthetic: bool = False, progress=None) -> list[dict[str, Any]]:
+    """Per-token decode latency of every kernel at every context, ``softmax`` (K/V cache) always among them;
+    ``saved`` = the kernels ``model`` was loaded with. Each kernel runs on its own copy of the model; at each
+    context every copy is prefilled, then the decode steps are interleaved (step s of every kernel, then step
+    s + 1), so a change of the machine's load falls on all kernels alike; the median step is reported.
+    Adds ``ratio_vs_softmax`` (same context) and ``ratio_vs_shortest`` (same kernel, shortest context)."""
+    kernels = [SOFTMAX, *[k for k in kernels if not is_softmax(k)]]
+    models = _models_to_compare(model, kernels, max(contexts) + steps + DECODE_WARMUP)
+    rows = []
+    for context in contexts:
+        prepared = {k: _prepare(m, context, batch=1, seed=0, synthetic=synthetic) for k, (m, _) in models.items()}
+        tokens = {k: token for k, (_, token, _) in prepared.items()}
+        times: dict[str, list[float]] = {k: [] for k in models}
+        for step in range(DECODE_WARMUP + steps):
+            for k, (m, _) in models.items():
+                took, tokens[k] = _timed_step(m, prepared[k][0], tokens[k])
+                if step >= DECODE_WARMUP:
+                    times[k].append(took)
+        for k, (_, params) in models.items():
+            cache, _, prefill = prepared[k]
+            row = {"kernel": k, "params": params, **_row(context, times[k], cache, prefill, 1, synthetic)}
             rows.append(row)
             if progress:
                 progress(row)
+        del prepared
     base = {r["context"]: r["decode_ms"] for r in rows if is_softmax(r["kernel"])}
     first = {}
     for r in rows:
         first.setdefault(r["kernel"], r["decode_ms"])
         r["ratio_vs_softmax"] = r["decode_ms"] / base[r["context"]]
         r["ratio_vs_shortest"] = r["decode_ms"] / first[r["kernel"]]
+    rows.sort(key=lambda r: kernels.index(r["kernel"]))  # kernel by kernel, contexts in order (stable sort)
     return rows

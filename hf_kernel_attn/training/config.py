@@ -46,6 +46,7 @@ _DEFAULTS: dict[str, Any] = {
     "kernel": None,
     "kernel_params": {},
     "inference_params": {},      # kernel options added to the saved model's kernel after training (sparse_cache: C)
+    "inference_layers": {},      # {layer index: kernel options} added to those layers of the saved model only
     "layers": None,              # list of layer indices, {index: kernel}, or "auto:K"; None = every layer
     "heads": None,               # "auto:K": after transfer, the K query heads furthest from softmax stay exact softmax
                                  # "retrieval:K": the K heads whose teacher attends most to a recalled fact
@@ -92,7 +93,7 @@ STAGE_ALIASES = {"learning_rate": "lr", "max_steps": "steps", "lr_scheduler_type
 PRECISION_FLAGS = ("bf16", "fp16")  # bf16: true is mixed_precision: bf16
 REQUIRED = ("model", "kernel", "output_dir")
 # keys whose value is free-form (a mapping of the user's own keys)
-OPEN_KEYS = {"kernel_params", "inference_params", "layers", "config_overrides"}
+OPEN_KEYS = {"kernel_params", "inference_params", "inference_layers", "layers", "config_overrides"}
 
 
 def defaults() -> dict[str, Any]:
@@ -290,6 +291,20 @@ def validate(config: dict[str, Any]) -> None:
         validate_params(config["kernel"], {**config["kernel_params"], **config["inference_params"]})
     except ValueError as exc:
         raise ConfigError(f"inference_params: {exc}") from None
+    layer_options = config["inference_layers"]
+    _check(isinstance(layer_options, dict), "inference_layers must be a mapping {layer index: kernel options}, got "
+           f"{layer_options!r}")
+    for idx, options in list(layer_options.items()):
+        if isinstance(idx, str) and idx.isdigit():  # a --set override's key
+            layer_options[int(idx)] = layer_options.pop(idx)
+            idx = int(idx)
+        _check(_is_int(idx, 0), f"inference_layers: keys are layer indices (integers >= 0), got {idx!r}")
+        _check(isinstance(options, dict), f"inference_layers.{idx} must be a mapping of kernel options, got "
+               f"{options!r}")
+        try:
+            validate_params(config["kernel"], {**config["kernel_params"], **config["inference_params"], **options})
+        except ValueError as exc:
+            raise ConfigError(f"inference_layers.{idx}: {exc}") from None
     data = config["data"]
     train = data["train"]
     _check(isinstance(train, (str, list)) and bool(train),

@@ -129,8 +129,9 @@ class RunFolder:
     def save_final(self, model: torch.nn.Module, tokenizer: Any, task: TrainingTask, source: str,
                    config: dict[str, Any], state: dict[str, Any], sharded: bool) -> Path:
         """``output_dir/final``: the model (adapters merged when ``merge_lora``), the options that need no training
-        (``inference_params``), the tokenizer, the task's extra files and the model card; written to a temporary
-        folder and renamed, so a failure leaves no half-written final/. Pushed to the hub if asked."""
+        (``inference_params``, ``inference_layers``), the tokenizer, the task's extra files and the model card;
+        written to a temporary folder and renamed, so a failure leaves no half-written final/. Pushed to the hub if
+        asked."""
         final = self.out / "final"
         full_state = sharding.full_model_state(model) if sharded else None
         if self.main:
@@ -142,8 +143,9 @@ class RunFolder:
             try:
                 model.save_pretrained(tmp, state_dict=full_state)
                 kattn = getattr(model.config, "kernel_attention", None)
-                if config["inference_params"]:  # options that need no training, e.g. a sparse cache
-                    kattn = with_saved_kernel_options(model.config, config["inference_params"]).kernel_attention
+                if config["inference_params"] or config["inference_layers"]:  # options that need no training
+                    kattn = with_saved_kernel_options(model.config, config["inference_params"],
+                                                      config["inference_layers"]).kernel_attention
                     written = json.loads((tmp / "config.json").read_text())
                     written["kernel_attention"] = kattn  # the rest of what save_pretrained wrote stays
                     (tmp / "config.json").write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")

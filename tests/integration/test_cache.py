@@ -315,6 +315,32 @@ def test_decode_suite_reports_constant_state_and_growing_kv():
     assert by[("elu", 64)]["prefill_tokens_per_s"] == pytest.approx(64 / by[("elu", 64)]["prefill_s"])
 
 
+def test_decode_suite_saved_runs_the_model_as_loaded_next_to_copies():
+    """``saved`` times the model with the kernels it carries (here per layer: a windowed elu with a sparse cache in
+    layer 1 only), every other kernel a patched copy; the model itself is left as it was, and each row's cache is
+    the one its own kernels build (the saved model's equal at both contexts, softmax's growing)."""
+    from hf_kernel_attn.speed.decoding import SAVED, new_cache, run_decode_suite
+
+    model = tiny_llama("elu")
+    hf_kernel_attn.patch(model, kernel="elu", layers={0: {"kernel": "elu", "params": {"window": 4}},
+                                                      1: {"kernel": "elu", "params": {"window": 4, "sparse_cache": 3}}})
+    before = hf_kernel_attn.kernel_config(model).to_dict()
+    rows = run_decode_suite(model, [SAVED, "elu"], [24, 48], steps=2)
+    assert hf_kernel_attn.kernel_config(model).to_dict() == before
+    by = {(r["kernel"], r["context"]): r for r in rows}
+    assert [r["kernel"] for r in rows] == ["softmax", "softmax", SAVED, SAVED, "elu", "elu"]
+    assert by[(SAVED, 24)]["cache_bytes"] == by[(SAVED, 48)]["cache_bytes"]
+    assert by[("softmax", 48)]["cache_bytes"] > by[("softmax", 24)]["cache_bytes"]
+    cache = new_cache(model)
+    with torch.no_grad():
+        model(torch.randint(0, 97, (1, 24)), cache=cache, use_cache=True)
+    from hf_kernel_attn.integration.cache import cache_bytes
+    assert by[(SAVED, 24)]["cache_bytes"] == cache_bytes(cache) != by[("elu", 24)]["cache_bytes"]
+    hf_kernel_attn.unpatch(model)
+    with pytest.raises(ValueError, match="carries none"):
+        run_decode_suite(model, [SAVED], [8], steps=1)
+
+
 @pytest.mark.parametrize("kernel", ["softmax", "elu", "taylor", "hybrid"])
 def test_synthetic_cache_has_the_shapes_of_a_real_prefill(kernel):
     """decode-bench --synthetic-cache: same sizes and length as a real prefill, and decoding continues."""

@@ -86,6 +86,10 @@ def test_config_defaults_and_overrides(tmp_path):
         ("novalue", "--set expects KEY=VALUE"),
         ("inference_params=3", "inference_params must be a mapping"),
         ("inference_params.sparse_cache=8", "inference_params: sparse_cache=8 needs a window"),
+        ("inference_layers=3", "inference_layers must be a mapping"),
+        ("inference_layers.x={sinks: 2}", "inference_layers: keys are layer indices"),
+        ("inference_layers.1=4", "inference_layers.1 must be a mapping of kernel options"),
+        ("inference_layers.1={sparse_cache: 4}", "inference_layers.1: sparse_cache=4 needs a window"),
     ],
 )
 def test_config_errors(tmp_path, override, message):
@@ -279,6 +283,38 @@ def test_inference_params_reach_the_saved_model_only(tiny_llama, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(plain(ids).logits, sparse_out, rtol=0, atol=0)
     assert not torch.allclose(plain_out, sparse_out)
+
+
+def test_inference_layers_reach_those_saved_layers_only(tiny_llama, tmp_path):
+    """inference_layers add options to one layer of the saved model (on top of inference_params): layer 1 becomes
+    a retrieval layer on a budget (every query head softmax over sinks, window and cached pairs) with more sinks,
+    layer 0 keeps the common options; the final model gives the logits of the trained weights patched with that
+    per-layer choice by hand, and other logits than without the layer options."""
+    import hf_kernel_attn
+    from hf_kernel_attn.training import Trainer
+
+    common = {"window": 8, "sinks": 2}
+    layer1 = {"sinks": 6, "softmax_heads": [0, 1, 2, 3]}
+    cfg = load_config(write_config(tmp_path / "c.yaml", lm_config(
+        tiny_llama, tmp_path / "o", kernel_params=common, inference_params={"sparse_cache": 4},
+        inference_layers={1: layer1})))
+    final = Trainer(cfg).run()
+    saved = json.loads((final / "config.json").read_text())["kernel_attention"]
+    assert saved["params"] == {**common, "sparse_cache": 4}
+    assert saved["layers"]["1"]["params"] == {**common, "sparse_cache": 4, **layer1}
+    model = hf_kernel_attn.from_pretrained(final).eval()
+    by_hand = hf_kernel_attn.from_pretrained(final, kernel="hedgehog", kernel_params=common).eval()
+    hf_kernel_attn.patch(by_hand, kernel="hedgehog", layers={
+        0: {"kernel": "hedgehog", "params": {**common, "sparse_cache": 4}},
+        1: {"kernel": "hedgehog", "params": {**common, "sparse_cache": 4, **layer1}}})
+    by_hand.load_state_dict(model.state_dict())
+    uniform = hf_kernel_attn.from_pretrained(final, kernel="hedgehog", kernel_params={**common, "sparse_cache": 4})
+    uniform.load_state_dict(model.state_dict())
+    ids = torch.randint(5, 500, (1, 90), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model(ids).logits
+        torch.testing.assert_close(by_hand(ids).logits, out, rtol=0, atol=0)
+        assert not torch.allclose(uniform.eval()(ids).logits, out)
 
 
 @pytest.mark.parametrize("clock", ["wall", "cpu"])
