@@ -27,7 +27,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
     p.add_argument("--param", action="append", default=[], help="KEY=VALUE option of the saved kernel")
-    p.add_argument("--cells", nargs="+", default=["2048@0", "2048@25", "4096@25", "1024@0"], help="LENGTH@DEPTH")
+    p.add_argument("--cells", nargs="+", default=["2048@0", "2048@25", "4096@25", "1024@0"],
+                   help="LENGTH@DEPTH or LENGTH@DEPTH#SAMPLE (the eval's SAMPLE-th prompt of that cell, from 0)")
     p.add_argument("--linear-off-layers", type=int, nargs="*", default=[],
                    help="these layers run with their linear branch switched off throughout (λ = 0)")
     p.add_argument("--output", default=None)
@@ -44,8 +45,10 @@ def main() -> None:
 
     rows = []
     for cell in args.cells:
-        length, depth = (int(x) for x in cell.split("@"))
-        sample = TASKS["passkey"].samples(encode, length, depth, 1, 0)[0]
+        where, _, index = cell.partition("#")
+        length, depth = (int(x) for x in where.split("@"))
+        index = int(index or 0)
+        sample = TASKS["passkey"].samples(encode, length, depth, index + 1, 0)[index]
         key = sample.answers[0]
         span = range(sample.needle_start, sample.needle_start + len(encode(f" The pass key is {key}. Remember it. "
                                                                             f"The pass key is {key}.")))
@@ -64,7 +67,7 @@ def main() -> None:
                     for h in range(sc.pos.shape[1])]
             held.append(sum(len(k & digits) for k in kept))
             held_all.append(sum(len(k & set(span)) for k in kept))
-        row = {"length": length, "depth": depth, "key": key, "digit_tokens": len(digits),
+        row = {"length": length, "depth": depth, "sample": index, "key": key, "digit_tokens": len(digits),
                "needle_tokens": len(span), "kv_heads": int(cache.layers[0].state.sparse.pos.shape[1]),
                "digit_pairs_held_by_layer": held, "needle_pairs_held_by_layer": held_all,
                "answer": answer, "answer_linear_branch_off": answer_off}

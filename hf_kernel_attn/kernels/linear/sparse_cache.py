@@ -150,7 +150,8 @@ def sparse_window(
     out = raw[..., :dv] / raw[..., dv:].clamp_min(torch.finfo(dtype).tiny)
     if len(segments) > 1 or bool(start_cache[2].any()):
         lam = 1.0 if mix is None else mix.to(dtype)[None, :, :, None, None]
-        f0 = feature_k(start_cache[0]) * start_cache[2][..., None].to(dtype)
+        # φ of cache₀, for the segments after a boundary (a decode step between boundaries has none)
+        f0 = feature_k(start_cache[0]) * start_cache[2][..., None].to(dtype) if len(segments) > 1 else None
         ends = [t - first_query for t, _ in segments[1:]] + [n]
         for i, ((t, (ck, cv, cvalid)), end) in enumerate(zip(segments, ends, strict=True)):
             a = t - first_query
