@@ -17,6 +17,8 @@ import json
 import torch
 
 from hf_kernel_attn.evaluation.long_context import TASKS
+from hf_kernel_attn.evaluation.long_context.niah import NEEDLE as NIAH_NEEDLE
+from hf_kernel_attn.evaluation.long_context.runner import TokenizedText, bos_ids, read_filler_text
 from hf_kernel_attn.evaluation.runner import ModelSpec
 from hf_kernel_attn.integration.branches import hybrid_layers, linear_branch_off
 from hf_kernel_attn.integration.cache import new_cache
@@ -31,6 +33,9 @@ def main() -> None:
                    help="LENGTH@DEPTH or LENGTH@DEPTH#SAMPLE (the eval's SAMPLE-th prompt of that cell, from 0)")
     p.add_argument("--linear-off-layers", type=int, nargs="*", default=[],
                    help="these layers run with their linear branch switched off throughout (λ = 0)")
+    p.add_argument("--task", default="passkey", choices=["passkey", "niah"],
+                   help="niah: the natural-text needle (needs --data-dir; its value's digits are counted)")
+    p.add_argument("--data-dir", default="../shared/data", help="niah's filler text (WikiText-2 validation)")
     p.add_argument("--output", default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -43,15 +48,20 @@ def main() -> None:
     def encode(text: str) -> list[int]:
         return tok(text, add_special_tokens=False)["input_ids"]
 
+    filler = {}
+    if args.task == "niah":
+        natural = TokenizedText(tok, read_filler_text(args.data_dir, "validation"))
+        filler = {"text_ids": natural.ids, "is_boundary": natural.is_boundary}
     rows = []
     for cell in args.cells:
         where, _, index = cell.partition("#")
         length, depth = (int(x) for x in where.split("@"))
         index = int(index or 0)
-        sample = TASKS["passkey"].samples(encode, length, depth, index + 1, 0)[index]
+        sample = TASKS[args.task].samples(encode, length, depth, index + 1, 0, bos=bos_ids(tok), **filler)[index]
         key = sample.answers[0]
-        span = range(sample.needle_start, sample.needle_start + len(encode(f" The pass key is {key}. Remember it. "
-                                                                            f"The pass key is {key}.")))
+        needle = (NIAH_NEEDLE.format(key=sample.extra["key"], value=key) if args.task == "niah" else
+                  f" The pass key is {key}. Remember it. The pass key is {key}.")
+        span = range(sample.needle_start, sample.needle_start + len(encode(needle)))
         digits = {i for i in span if tok.decode([sample.ids[i]]).strip().isdigit()}
         ids = torch.tensor([sample.ids])
         cache = new_cache(model)
@@ -67,7 +77,8 @@ def main() -> None:
                     for h in range(sc.pos.shape[1])]
             held.append(sum(len(k & digits) for k in kept))
             held_all.append(sum(len(k & set(span)) for k in kept))
-        row = {"length": length, "depth": depth, "sample": index, "key": key, "digit_tokens": len(digits),
+        row = {"task": args.task, "length": length, "depth": depth, "sample": index, "key": key,
+               "digit_tokens": len(digits),
                "needle_tokens": len(span), "kv_heads": int(cache.layers[0].state.sparse.pos.shape[1]),
                "digit_pairs_held_by_layer": held, "needle_pairs_held_by_layer": held_all,
                "answer": answer, "answer_linear_branch_off": answer_off}
