@@ -99,15 +99,15 @@ def synthetic_cache(model, context: int, *, batch: int = 1, seed: int = 0):
 DECODE_WARMUP = 2  # untimed decode steps before the timed ones
 
 
-def _prepare(model, context: int, *, batch: int, seed: int, synthetic: bool):
-    """The cache after ``context`` random tokens (a prefill, or with ``synthetic`` a random cache of those sizes),
-    the next token, and the prefill's seconds (None when synthetic)."""
-    gen = torch.Generator().manual_seed(seed)
+def _prepare(model, context: int, synthetic: bool):
+    """The cache of one sequence after ``context`` random tokens (a prefill, or with ``synthetic`` a random cache of
+    those sizes: :func:`synthetic_cache`), the next token, and the prefill's seconds (None when synthetic)."""
+    gen = torch.Generator().manual_seed(0)
     device = next(model.parameters()).device
     if synthetic:
-        cache = synthetic_cache(model, context, batch=batch, seed=seed)
-        return cache, torch.randint(0, model.config.vocab_size, (batch, 1), generator=gen).to(device), None
-    ids = torch.randint(0, model.config.vocab_size, (batch, context), generator=gen).to(device)
+        return synthetic_cache(model, context), torch.randint(0, model.config.vocab_size, (1, 1), generator=gen).to(
+            device), None
+    ids = torch.randint(0, model.config.vocab_size, (1, context), generator=gen).to(device)
     cache = new_cache(model)
     start = time.perf_counter()
     out = model(ids, cache=cache, use_cache=True, logits_to_keep=1)
@@ -118,26 +118,6 @@ def _timed_step(model, cache, token: torch.Tensor) -> tuple[float, torch.Tensor]
     start = time.perf_counter()
     out = model(token, cache=cache, use_cache=True)
     return time.perf_counter() - start, out.logits[:, -1:].argmax(-1)
-
-
-def _row(context: int, times: list[float], cache, prefill: float | None, batch: int, synthetic: bool):
-    return {"context": context, "prefill_s": prefill,
-            "prefill_tokens_per_s": None if prefill is None else batch * context / prefill,
-            "decode_ms": 1e3 * statistics.median(times), "cache_bytes": cache_bytes(cache), "synthetic": synthetic}
-
-
-@torch.no_grad()
-def decode_latency(model, context: int, *, steps: int = 8, warmup: int = DECODE_WARMUP, batch: int = 1,
-                   seed: int = 0, synthetic: bool = False) -> dict[str, Any]:
-    """Prefill ``context`` random tokens (or, with ``synthetic``, build a random cache of that length:
-    :func:`synthetic_cache`), then time ``steps`` single-token decode steps (median)."""
-    cache, token, prefill = _prepare(model, context, batch=batch, seed=seed, synthetic=synthetic)
-    times = []
-    for step in range(warmup + steps):
-        took, token = _timed_step(model, cache, token)
-        if step >= warmup:
-            times.append(took)
-    return _row(context, times, cache, prefill, batch, synthetic)
 
 
 def _models_to_compare(model, kernels: Sequence[str], longest: int) -> dict[str, tuple[Any, dict[str, Any]]]:
@@ -175,7 +155,7 @@ def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, 
     models = _models_to_compare(model, kernels, max(contexts) + steps + DECODE_WARMUP)
     rows = []
     for context in contexts:
-        prepared = {k: _prepare(m, context, batch=1, seed=0, synthetic=synthetic) for k, (m, _) in models.items()}
+        prepared = {k: _prepare(m, context, synthetic) for k, (m, _) in models.items()}
         tokens = {k: token for k, (_, token, _) in prepared.items()}
         times: dict[str, list[float]] = {k: [] for k in models}
         for step in range(DECODE_WARMUP + steps):
@@ -185,7 +165,10 @@ def run_decode_suite(model, kernels: Sequence[str], contexts: Sequence[int], *, 
                     times[k].append(took)
         for k, (_, params) in models.items():
             cache, _, prefill = prepared[k]
-            row = {"kernel": k, "params": params, **_row(context, times[k], cache, prefill, 1, synthetic)}
+            row = {"kernel": k, "params": params, "context": context, "prefill_s": prefill,
+                   "prefill_tokens_per_s": None if prefill is None else context / prefill,
+                   "decode_ms": 1e3 * statistics.median(times[k]), "cache_bytes": cache_bytes(cache),
+                   "synthetic": synthetic}
             rows.append(row)
             if progress:
                 progress(row)

@@ -205,14 +205,17 @@ class LinearKernel(Kernel):
     def check_positions(self, end: int) -> None:
         """Raise if token positions up to ``end`` (exclusive) are outside what the feature map supports."""
 
-    def features(self, q, k, scaling, offset=0):
-        """φ(q) grouped by KV head and φ(k); query i sits at position offset + M - N + i."""
+    def features(self, q, k, scaling, offset=0, key_rows: int | None = None):
+        """φ(q) grouped by KV head and φ(k); query i sits at position offset + M - N + i. With ``key_rows`` R only
+        the first R keys get their features (the other rows are zero: for callers that read no other row)."""
         n, m = q.shape[-2], k.shape[-2]
         self.check_positions(offset + m)
         kpos = torch.arange(offset, offset + m, device=q.device)
         fq = self.feature_q(group_queries(dense(q), k.shape[1]), kpos[m - n:], scaling)
-        fk = self.feature_k(dense(k), kpos, scaling)
-        return fq, fk
+        if key_rows is None:
+            return fq, self.feature_k(dense(k), kpos, scaling)
+        fk = self.feature_k(dense(k[:, :, :key_rows]), kpos[:key_rows], scaling)
+        return fq, torch.cat([fk, fk.new_zeros(*fk.shape[:2], m - key_rows, fk.shape[-1])], 2)
 
     def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0, state=None, offset=0):
         out, _ = self.forward_with_state(q, k, v, key_mask=key_mask, causal=causal, scaling=scaling,
@@ -347,10 +350,11 @@ class LinearKernel(Kernel):
         """The sliding-window hybrid (:func:`..linear.window.hybrid_attention`); the state (causal) holds the keys
         before ``k``, and the one returned holds every key but the last W - 1."""
         hkv = k.shape[1]
-        if self._is_decode_step(q, k, causal, state):
-            fq, fk = self._decode_features(q, k, scaling, offset)
-        else:
-            fq, fk = self.features(q, k, scaling, offset)
+        # a decode step (one query after a state, m ≤ W keys): only the keys leaving the window (the first
+        # m - W + 1) are folded into the state; the window's keys are attended with softmax and their φ never read
+        decode = causal and state is not None and q.shape[-2] == 1 and k.shape[-2] <= self.window and not self.is_gated
+        leaving = max(0, k.shape[-2] - self.window + 1) if decode else None
+        fq, fk = self.features(q, k, scaling, offset, key_rows=leaving)
         log_mix = self.branch_log_mix(hkv, k.device)
         sinks = None
         if self.options.sinks:
@@ -373,22 +377,6 @@ class LinearKernel(Kernel):
         if new_state is not None and sinks is not None:
             new_state = linear.LinearState(new_state.S, new_state.z, sinks)
         return out, new_state
-
-    def _is_decode_step(self, q, k, causal, state) -> bool:
-        """One causal query after a state, its window's keys all given (m ≤ W): a decode step of the hybrid."""
-        return causal and state is not None and q.shape[-2] == 1 and k.shape[-2] <= self.window and not self.is_gated
-
-    def _decode_features(self, q, k, scaling, offset):
-        """φ(q) and φ(k) of a decode step, φ(k) computed for the keys that leave the window at this step only (the
-        first m - W + 1; every other row zero): they are the only ones folded into the state, the window's keys
-        are attended with softmax (the same values as :meth:`features` on the rows that are read)."""
-        m = k.shape[-2]
-        self.check_positions(offset + m)
-        kpos = torch.arange(offset, offset + m, device=q.device)
-        fq = self.feature_q(group_queries(dense(q), k.shape[1]), kpos[m - 1:], scaling)
-        done = max(0, m - self.window + 1)
-        fk = self.feature_k(dense(k[:, :, :done]), kpos[:done], scaling)
-        return fq, torch.cat([fk, fk.new_zeros(*fk.shape[:2], m - done, fk.shape[-1])], 2)
 
     def _windowed_sparse(self, q, k, v, fq, fk, key_mask, causal, scaling, state, offset, log_mix, sinks):
         """The hybrid with its bounded sparse cache (:func:`..linear.sparse_cache.sparse_window`): the plain hybrid's
