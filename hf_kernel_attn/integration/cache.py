@@ -25,6 +25,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from ..kernels import Kernel, LinearKernel
+from ..kernels.linear.sparse_decode import PackedSparseState, unpack
 from ..kernels.linear.state import LinearState
 from ..kernels.softmax import SoftmaxKernel, banded_attention, gather_keys, sink_slots
 from .attention import KERNEL_ATTR, packed_segments
@@ -59,14 +60,59 @@ class RecurrentStateLayer(DynamicLayer):
 
     def __init__(self, window: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.state: LinearState | None = None
+        self._state: LinearState | None = None
         self.cumulative_length = 0
         self._chunk_offset = 0
         # sliding-window hybrids: the last W - 1 keys/values (the window of the next token, besides itself);
         # every older key lives in the state
         self.window = window
-        self.window_keys: torch.Tensor | None = None
-        self.window_values: torch.Tensor | None = None
+        self._window_keys: torch.Tensor | None = None
+        self._window_values: torch.Tensor | None = None
+        # sparse-cache hybrids between decode steps: the same tensors in the packed layout
+        # (kernels/linear/sparse_decode.py), taken once the prompt is behind; reading ``state`` or the window keys
+        # gives the general layout back
+        self._packed: PackedSparseState | None = None
+        self._all_real = True  # no key so far was padding (a condition of the packed layout)
+
+    def _unpack(self) -> None:
+        if self._packed is not None:
+            self._state, self._window_keys, self._window_values = unpack(self._packed)
+            self._packed = None
+
+    @property
+    def state(self) -> LinearState | None:
+        self._unpack()
+        return self._state
+
+    @state.setter
+    def state(self, value: LinearState | None) -> None:
+        self._unpack()
+        self._state = value
+
+    @property
+    def window_keys(self) -> torch.Tensor | None:
+        self._unpack()
+        return self._window_keys
+
+    @window_keys.setter
+    def window_keys(self, value: torch.Tensor | None) -> None:
+        self._unpack()
+        self._window_keys = value
+
+    @property
+    def window_values(self) -> torch.Tensor | None:
+        self._unpack()
+        return self._window_values
+
+    @window_values.setter
+    def window_values(self, value: torch.Tensor | None) -> None:
+        self._unpack()
+        self._window_values = value
+
+    @property
+    def is_packed(self) -> bool:
+        """Whether the state is in the packed layout now (decode steps take the packed step)."""
+        return self._packed is not None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -76,6 +122,10 @@ class RecurrentStateLayer(DynamicLayer):
         _enter_module_kwargs(self, key_states, kwargs, "linear_state")
         self._chunk_offset = self.cumulative_length
         self.cumulative_length += key_states.shape[-2]
+        if self._packed is not None:
+            if key_states.shape[-2] == 1:
+                return key_states, value_states  # attend() takes the packed step, or puts the window back in front
+            self._unpack()
         if self.window and self.window_keys is not None:
             # the kernel sees the cached window first: keys at positions offset - (W - 1) ...
             self._chunk_offset -= self.window_keys.shape[-2]
@@ -88,14 +138,32 @@ class RecurrentStateLayer(DynamicLayer):
         if kernel.window != self.window:
             raise ValueError(f"this cache layer was built for window {self.window}, but its kernel has window "
                              f"{kernel.window}; build a new cache after changing the kernel")
-        out, self.state = kernel.forward_with_state(
-            q, k, v, key_mask=key_mask, causal=True, scaling=scaling, state=self.state, offset=self._chunk_offset
+        if self._packed is not None:  # one new token after a packed state (update() added no window keys)
+            if kernel.fits_packed(self._packed, q, k, v, key_mask):
+                return kernel.decode_packed(q, k, v, self._packed, scaling)
+            self._unpack()
+            if self._window_keys is not None:
+                ring = self._window_keys.shape[-2]
+                k = torch.cat([self._window_keys, k.to(self._window_keys.dtype)], -2)
+                v = torch.cat([self._window_values, v.to(self._window_values.dtype)], -2)
+                self._chunk_offset -= ring
+                if key_mask is not None:  # the window's keys were real (a condition of packing)
+                    key_mask = torch.cat([key_mask.new_ones(key_mask.shape[0], ring), key_mask], -1)
+        out, self._state = kernel.forward_with_state(
+            q, k, v, key_mask=key_mask, causal=True, scaling=scaling, state=self._state, offset=self._chunk_offset
         )
+        if key_mask is not None and not bool(key_mask.all()):
+            self._all_real = False
         if self.window:
             keep = min(k.shape[-2], self.window - 1)
             # copies, so that the prefill's whole K/V is not kept alive through a view
-            self.window_keys = k[:, :, k.shape[-2] - keep:].clone()
-            self.window_values = v[:, :, v.shape[-2] - keep:].clone()
+            self._window_keys = k[:, :, k.shape[-2] - keep:].clone()
+            self._window_values = v[:, :, v.shape[-2] - keep:].clone()
+        if (self._all_real and not torch.is_grad_enabled()
+                and kernel.can_pack(self._state, self._window_keys, self.cumulative_length)):
+            self._packed = kernel.pack_decode_state(self._state, self._window_keys, self._window_values,
+                                                    self.cumulative_length, scaling)
+            self._state = self._window_keys = self._window_values = None
         return out
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -110,8 +178,10 @@ class RecurrentStateLayer(DynamicLayer):
         return -1
 
     def reset(self) -> None:
-        self.state = None
-        self.window_keys = self.window_values = None
+        self._packed = None
+        self._state = None
+        self._window_keys = self._window_values = None
+        self._all_real = True
         self.cumulative_length = 0
         self._chunk_offset = 0
         self.is_initialized = False
@@ -125,6 +195,9 @@ class RecurrentStateLayer(DynamicLayer):
             )
 
     def _map_state(self, fn) -> None:
+        if self._packed is not None:
+            self._packed = self._packed.map(fn)
+            return
         if self.state is not None:
             sinks = None if self.state.sinks is None else self.state.sinks.map(fn)
             exact = None if self.state.exact is None else self.state.exact.map(fn)
@@ -144,7 +217,10 @@ class RecurrentStateLayer(DynamicLayer):
 
     def nbytes(self) -> int:
         """The state plus the window's K/V (at most W - 1 positions), the sinks and a sparse cache's slots: constant in
-        the context; plus, with ``softmax_heads``, every key/value of their KV heads."""
+        the context; plus, with ``softmax_heads``, every key/value of their KV heads. The packed layout holds the same
+        tensors."""
+        if self._packed is not None:
+            return _bytes(*self._packed.tensors())
         total = 0 if self.state is None else _bytes(self.state.S, self.state.z)
         if self.state is not None and self.state.sinks is not None:
             total += _bytes(*self.state.sinks.tensors())

@@ -30,7 +30,7 @@ from ..base import (
     ungroup_output,
     visibility_mask,
 )
-from ..linear import cost
+from ..linear import cost, sparse_decode
 from ..linear.gated import (
     augmented_state,
     cumulative,
@@ -410,6 +410,75 @@ class LinearKernel(Kernel):
             scaling=scaling, offset=offset, mix=None if log_mix is None else log_mix.exp(), eps=self.options.eps)
         dv = v.shape[-1]
         return ungroup_output(out).to(q.dtype), linear.LinearState(s[..., :dv], s[..., dv], sinks, sparse=cache)
+
+    @property
+    def decodes_packed(self) -> bool:
+        """Whether decode steps can run on the packed layout of :mod:`..linear.sparse_decode` (a causal sparse-cache
+        hybrid without a decay)."""
+        return bool(self.options.sparse_cache and self.window and not self.is_gated)
+
+    def can_pack(self, state: LinearState | None, window_keys: torch.Tensor | None, position: int) -> bool:
+        """Whether a general decode state after ``position`` real tokens can go to the packed layout."""
+        return self.decodes_packed and sparse_decode.can_pack(state, window_keys, window=self.window,
+                                                              sinks=self.options.sinks, position=position)
+
+    def pack_decode_state(self, state: LinearState, window_keys: torch.Tensor | None,
+                          window_values: torch.Tensor | None, position: int,
+                          scaling: float | None = None) -> sparse_decode.PackedSparseState:
+        """The packed layout of a general decode state (:meth:`can_pack`) after ``position`` tokens; ``scaling`` the
+        attention's (φ of the cached keys is taken with it, as in :meth:`_windowed_sparse`)."""
+        scaling = self.shape.head_dim ** -0.5 if scaling is None else scaling
+        zero = torch.zeros(1, device=state.S.device, dtype=torch.long)
+
+        def key_features(keys: torch.Tensor) -> torch.Tensor:  # position-free maps: any position gives the same
+            return self.feature_k(keys.contiguous(), zero.expand(keys.shape[-2]), scaling)
+
+        return sparse_decode.pack(state, window_keys, window_values, key_features, window=self.window,
+                                  position=position)
+
+    def fits_packed(self, packed: sparse_decode.PackedSparseState, q, k, v, key_mask) -> bool:
+        """Whether this one-token call can take the packed step: no padding, no autograd, the options the state was
+        packed under."""
+        return (key_mask is None and q.shape[-2] == 1 and self.decodes_packed and not self._needs_grad(q, k, v, None)
+                and packed.num_sinks == self.options.sinks and packed.ring == self.window - 1
+                and packed.cache_pos.shape[-1] == self.options.sparse_cache)
+
+    def decode_packed(self, q, k, v, packed: sparse_decode.PackedSparseState, scaling=None) -> torch.Tensor:
+        """One decode step on the packed state (:func:`..linear.sparse_decode.decode_step`, the same rule as
+        :meth:`_windowed_sparse`): ``q`` ``[B, Hq, 1, D]``, ``k`` / ``v`` ``[B, Hkv, 1, ·]``; returns
+        ``[B, 1, Hq, Dv]`` and advances ``packed``."""
+        b, hq, _, d = q.shape
+        hkv, dv = k.shape[1], v.shape[-1]
+        scaling = d ** -0.5 if scaling is None else scaling
+        heads = self.options.softmax_heads
+        linear_part = not (self.linear_branch_off or len(set(heads)) == hq)
+        mix = self._decode_mix(hkv, q.device) if linear_part else None
+
+        def feature_q(x: torch.Tensor) -> torch.Tensor:  # position-free maps: any position gives the same
+            return self.feature_q(x.contiguous(), torch.zeros(1, device=x.device, dtype=torch.long), scaling)
+
+        out = sparse_decode.decode_step(
+            packed, q.reshape(b, hkv, hq // hkv, d), k, v, feature_q, scaling=scaling, mix=mix, linear=linear_part,
+            block=self.options.sparse_block, capacity=self.options.sparse_cache, eps=self.options.eps)
+        return out.reshape(b, 1, hq, dv).to(q.dtype)
+
+    def _decode_mix(self, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
+        """λ ``[Hkv, G]`` of the feature-map part (0 in ``softmax_heads``), or None (1): worked out again only when
+        ``window_log_mix`` changed (its version counter) or the device did."""
+        param = getattr(self, "window_log_mix", None)
+        key = (None if param is None else param._version, device, self.linear_branch_off)
+        memo = getattr(self, "_mix_memo", None)
+        if memo is not None and memo[0] == key and (param is None or memo[2] is param):
+            return memo[1]
+        log_mix = self.branch_log_mix(num_kv_heads, device)
+        heads = self.options.softmax_heads
+        if heads:
+            off = torch.zeros(self.shape.num_heads, device=device)
+            off[heads] = float("-inf")
+            log_mix = off.view(num_kv_heads, -1) if log_mix is None else log_mix + off.view(num_kv_heads, -1)
+        mix = None if log_mix is None else log_mix.detach().exp()
+        self._mix_memo = (key, mix, param)
+        return mix
 
     def branch_log_mix(self, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
         """ln λ ``[Hkv, G]`` of the windowed hybrid's feature-map part: the learnable factor (``window_mix``),

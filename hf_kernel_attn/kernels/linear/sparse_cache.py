@@ -58,6 +58,42 @@ def recall_error(s: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float,
     return (v - read[..., :dv] / den).square().sum(-1)
 
 
+def choose_pairs(
+    s: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    pos: torch.Tensor,
+    valid: torch.Tensor,
+    pend_k: torch.Tensor,
+    pend_v: torch.Tensor,
+    pend_pos: torch.Tensor,
+    pend_ok: torch.Tensor,
+    feature_k: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    capacity: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One boundary: the pool = the cache (``keys`` ``[B, Hkv, C, D]``, ``values``, ``pos``, ``valid``) ∪ the pending
+    keys (folded into ``s`` = [S, z] since the last boundary; ``pend_ok`` ``[B, P]``), scored by the self-recall error
+    against the state without the candidates; the C highest are the new cache, the rest of the pool is folded into
+    the state. Returns (state, keys, values, pos, valid)."""
+    b, hkv = keys.shape[:2]
+    d, dv = keys.shape[-1], values.shape[-1]
+    cand_ok = pend_ok[:, None, :].expand(-1, hkv, -1)
+    cand_f = feature_k(pend_k)
+    pool_k, pool_v = torch.cat([keys, pend_k], 2), torch.cat([values, pend_v], 2)
+    pool_f = torch.cat([feature_k(keys), cand_f], 2)
+    pool_pos = torch.cat([pos, pend_pos.expand(b, hkv, -1)], 2)
+    pool_ok = torch.cat([valid, cand_ok], 2)
+    s_out = _fold(s, cand_f, pend_v, cand_ok.to(s.dtype), sign=-1.0)  # the state without the candidates
+    score = recall_error(s_out, pool_f, pool_v, eps, z_full=s[..., dv]).masked_fill(~pool_ok, float("-inf"))
+    pick = score.topk(capacity, dim=-1).indices  # [B, Hkv, C]
+    kept = torch.zeros_like(pool_ok).scatter_(-1, pick, True)
+    s = _fold(s_out, pool_f, pool_v, (pool_ok & ~kept).to(s.dtype))  # the rest of the pool joins the state
+    return (s, pool_k.gather(2, pick[..., None].expand(-1, -1, -1, d)),
+            pool_v.gather(2, pick[..., None].expand(-1, -1, -1, dv)), pool_pos.gather(2, pick), pool_ok.gather(2, pick))
+
+
 def sparse_window(
     raw: torch.Tensor,
     top: torch.Tensor,
@@ -128,20 +164,8 @@ def sparse_window(
     first_boundary = max(block, -(-first_query // block) * block)
     for t in range(first_boundary, offset + m, block):
         fold_to(t - window)
-        cand_ok = pend_ok[:, None, :].expand(-1, hkv, -1)
-        cand_f = feature_k(pend_k)
-        pool_k, pool_v = torch.cat([keys, pend_k], 2), torch.cat([values, pend_v], 2)
-        pool_f = torch.cat([feature_k(keys), cand_f], 2)
-        pool_pos = torch.cat([pos, pend_pos.expand(b, hkv, -1)], 2)
-        pool_ok = torch.cat([valid, cand_ok], 2)
-        s_out = _fold(s, cand_f, pend_v, cand_ok.to(dtype), sign=-1.0)  # the state without the candidates
-        score = recall_error(s_out, pool_f, pool_v, eps, z_full=s[..., dv]).masked_fill(~pool_ok, float("-inf"))
-        pick = score.topk(capacity, dim=-1).indices  # [B, Hkv, C]
-        kept = torch.zeros_like(pool_ok).scatter_(-1, pick, True)
-        s = _fold(s_out, pool_f, pool_v, (pool_ok & ~kept).to(dtype))  # the rest of the pool joins the state
-        keys = pool_k.gather(2, pick[..., None].expand(-1, -1, -1, d))
-        values = pool_v.gather(2, pick[..., None].expand(-1, -1, -1, dv))
-        pos, valid = pool_pos.gather(2, pick), pool_ok.gather(2, pick)
+        s, keys, values, pos, valid = choose_pairs(s, keys, values, pos, valid, pend_k, pend_v, pend_pos, pend_ok,
+                                                   feature_k, capacity=capacity, eps=eps)
         pend_ok = torch.zeros_like(pend_ok)
         segments.append((t, (keys, values, valid)))
     fold_to(offset + m - window)  # the state after the last query: every key outside the next position's window

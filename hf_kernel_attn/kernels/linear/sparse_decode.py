@@ -1,0 +1,217 @@
+"""The sparse-cache hybrid's decode step on packed buffers: the rule of :mod:`.sparse_cache` for one query at a
+time, once the prompt is behind (the fast path next to the general form, which stays the reference).
+
+Once every sink slot is filled and out of every later window, every cache slot holds a pair and no key was
+padding, nothing in a decode step needs a mask: query t weighs
+
+    e^{s q_t·k_j}  over  [sinks | the W - 1 keys before t | the C cached pairs | k_t]   and   λ_h φ(q_t)·[S, z]
+
+with the shift m_t = max(0, max_j s q_t·k_j) of the general form, so one matmul over one buffer gives the softmax
+part (scaled dot-product attention when λ = 0 in every head: retrieval heads on a budget). Per (row, KV head) the
+keys and values live in one buffer ``[B, Hkv, S + W - 1 + C, ·]``: the sinks, a ring of W - 1 slots (position p in
+slot p mod (W - 1)) and the cache; [S, z] is one tensor ``[B, Hkv, F, Dv + 1]``. After the query the key leaving
+the window (position t - W + 1) is folded into the state and the pending slots (as the general form's
+``fold_to``), and k_t takes its ring slot; at a boundary (t a multiple of the block) the pool is re-chosen first by
+:func:`.sparse_cache.choose_pairs`, the function the general form calls. The buffers hold exactly the tensors of
+the general state (:class:`.state.LinearState` with its sinks and sparse cache, plus the W - 1 window keys), so the
+decode cache's bytes are the same in both layouts and :func:`unpack` gives the general state back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .sparse_cache import choose_pairs
+from .state import LinearState, SinkSet, SparseCache, with_ones
+
+
+@dataclasses.dataclass
+class PackedSparseState:
+    """The decode state of one sparse-cache hybrid layer in the packed layout (module docstring): ``keys``
+    ``[B, Hkv, S + W - 1 + C, D]`` and ``values`` (sinks, ring, cache), ``s`` = [S, z] ``[B, Hkv, F, Dv + 1]``, the
+    sinks' and the cache's bookkeeping and the pending keys of :class:`.state.SparseCache`; ``position``: the next
+    token's; ``sinks`` (the general form's :class:`.state.SinkSet`, its keys and values dropped) for
+    :func:`unpack`."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    s: torch.Tensor
+    cache_pos: torch.Tensor
+    cache_valid: torch.Tensor
+    pending_keys: torch.Tensor
+    pending_values: torch.Tensor
+    pending_pos: torch.Tensor
+    pending_ok: torch.Tensor
+    sink_meta: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # pos, valid, real_seen at packing
+    num_sinks: int
+    ring: int
+    position: int
+    packed_at: int
+    folded: int  # the state holds every pending key at a position ≤ this (later ones wait for the boundary)
+    feature_k: Callable[[torch.Tensor], torch.Tensor]  # φ of keys [B, Hkv, L, D] (the kernel's, position-free)
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> PackedSparseState:
+        """The same state with ``fn`` applied to every per-row tensor (beam reorder, batch select)."""
+        meta = None if self.sink_meta is None else tuple(fn(t) for t in self.sink_meta)
+        return dataclasses.replace(
+            self, keys=fn(self.keys), values=fn(self.values), s=fn(self.s), cache_pos=fn(self.cache_pos),
+            cache_valid=fn(self.cache_valid), pending_keys=fn(self.pending_keys),
+            pending_values=fn(self.pending_values), pending_ok=fn(self.pending_ok), sink_meta=meta)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """What the state holds (the bytes of the decode cache): the same tensors as the general layout's."""
+        meta = () if self.sink_meta is None else self.sink_meta
+        return (self.keys, self.values, self.s, self.cache_pos, self.cache_valid, self.pending_keys,
+                self.pending_values, self.pending_pos, self.pending_ok, *meta)
+
+
+def can_pack(state: LinearState | None, window_keys: torch.Tensor | None, *, window: int, sinks: int,
+             position: int) -> bool:
+    """Whether a general decode state (after ``position`` tokens, all real) can go to the packed layout: the cache
+    full, the window's W - 1 keys kept, every sink filled and out of the next query's window, float32 or float64."""
+    if state is None or state.sparse is None or state.S.dtype not in (torch.float32, torch.float64):
+        return False
+    held = [state.sparse.keys, *([] if window_keys is None else [window_keys]),
+            *([] if state.sinks is None else [state.sinks.keys])]
+    if any(t.dtype != state.S.dtype for t in held):  # the buffers keep the dtype (and so the bytes) they had
+        return False
+    if window > 1 and (window_keys is None or window_keys.shape[-2] != window - 1):
+        return False
+    if sinks:
+        if state.sinks is None or not bool(state.sinks.valid.all()):
+            return False
+        if int(state.sinks.pos.max()) > position - window:
+            return False
+    return bool(state.sparse.valid.all())
+
+
+def pack(state: LinearState, window_keys: torch.Tensor | None, window_values: torch.Tensor | None,
+         feature_k: Callable[[torch.Tensor], torch.Tensor], *, window: int, position: int) -> PackedSparseState:
+    """The packed layout of a general decode state (:func:`can_pack`) whose window keys are the W - 1 before
+    ``position`` in order; ``feature_k`` the kernel's φ of keys."""
+    dtype = state.S.dtype
+    sc = state.sparse
+    ring = window - 1
+    parts_k, parts_v = [], []
+    meta = None
+    if state.sinks is not None:
+        parts_k.append(state.sinks.keys.to(dtype))
+        parts_v.append(state.sinks.values.to(dtype))
+        meta = (state.sinks.pos, state.sinks.valid, state.sinks.real_seen)
+    if ring:
+        shift = (position - ring) % ring  # window key i sits at position - ring + i, in slot (that) mod ring
+        parts_k.append(window_keys.to(dtype).roll(shift, 2))
+        parts_v.append(window_values.to(dtype).roll(shift, 2))
+    parts_k.append(sc.keys.to(dtype))
+    parts_v.append(sc.values.to(dtype))
+    return PackedSparseState(
+        torch.cat(parts_k, 2), torch.cat(parts_v, 2), torch.cat([state.S, state.z.unsqueeze(-1)], -1),
+        sc.pos.clone(), sc.valid.clone(), sc.pending_keys.to(dtype).clone(), sc.pending_values.to(dtype).clone(),
+        sc.pending_pos.clone(), sc.pending_ok.clone(), meta, 0 if state.sinks is None else state.sinks.keys.shape[-2],
+        ring, position, position, position - window, feature_k)
+
+
+def unpack(packed: PackedSparseState) -> tuple[LinearState, torch.Tensor | None, torch.Tensor | None]:
+    """The general state, with the W - 1 window keys and values in position order (None for W = 1)."""
+    ns, ring, t = packed.num_sinks, packed.ring, packed.position
+    dv = packed.values.shape[-1]
+    sinks = None
+    if packed.sink_meta is not None:
+        pos, valid, real_seen = packed.sink_meta
+        steps = t - packed.packed_at  # every token since packing was real (a condition of packing)
+        sinks = SinkSet(packed.keys[:, :, :ns], packed.values[:, :, :ns], pos, valid, real_seen + steps, t)
+    wk = wv = None
+    if ring:
+        shift = (t - ring) % ring
+        wk = packed.keys[:, :, ns:ns + ring].roll(-shift, 2)
+        wv = packed.values[:, :, ns:ns + ring].roll(-shift, 2)
+    c0 = ns + ring
+    _fold_pending(packed, t - 1 - ring)
+    sparse = SparseCache(packed.keys[:, :, c0:], packed.values[:, :, c0:], packed.cache_pos, packed.cache_valid,
+                         packed.pending_keys, packed.pending_values, packed.pending_pos, packed.pending_ok)
+    return LinearState(packed.s[..., :dv], packed.s[..., dv], sinks, sparse=sparse), wk, wv
+
+
+def _fold_pending(packed: PackedSparseState, through: int) -> None:
+    """Fold into the state the pending keys at positions folded < p ≤ ``through`` (a layer without a feature-map
+    part reads its state only at a boundary, so its decode steps leave them pending)."""
+    if through <= packed.folded:
+        return
+    due = packed.pending_ok & (packed.pending_pos > packed.folded) & (packed.pending_pos <= through)  # [B, P]
+    fk = packed.feature_k(packed.pending_keys) * due[:, None, :, None].to(packed.s.dtype)
+    packed.s = packed.s + fk.transpose(-1, -2) @ with_ones(packed.pending_values)
+    packed.folded = through
+
+
+def decode_step(
+    packed: PackedSparseState,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    feature_q: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    scaling: float,
+    mix: torch.Tensor | None,
+    linear: bool,
+    block: int,
+    capacity: int,
+    eps: float,
+) -> torch.Tensor:
+    """The output ``[B, Hkv, G, Dv]`` of query ``q`` ``[B, Hkv, G, D]`` (grouped) at ``packed.position``, with its
+    key and value ``k`` / ``v`` ``[B, Hkv, 1, ·]``; ``packed`` is updated in place to the next position.
+    ``feature_q``: φ of ``[B, Hkv, G, 1, D]`` queries (of keys: ``packed.feature_k``; position-free maps); ``mix``
+    λ ``[Hkv, G]`` or None (1); ``linear`` False when λ = 0 in every head (no feature-map part: the keys leaving the
+    window then wait in their pending slots and join the state at the next boundary, in one matmul)."""
+    t = packed.position
+    dtype = packed.s.dtype
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    dv = v.shape[-1]
+    ring = packed.ring
+    c0 = packed.num_sinks + ring
+    if t % block == 0:  # a boundary: the pool is re-chosen before query t is answered
+        _fold_pending(packed, t - 1 - ring)
+        s, ck, cv, pos, valid = choose_pairs(
+            packed.s, packed.keys[:, :, c0:], packed.values[:, :, c0:], packed.cache_pos, packed.cache_valid,
+            packed.pending_keys, packed.pending_values, packed.pending_pos, packed.pending_ok, packed.feature_k,
+            capacity=capacity, eps=eps)
+        packed.keys[:, :, c0:] = ck
+        packed.values[:, :, c0:] = cv
+        packed.s, packed.cache_pos, packed.cache_valid = s, pos, valid
+        packed.pending_ok.zero_()
+    keys = torch.cat([packed.keys, k], 2)
+    values = torch.cat([packed.values, v], 2)
+    if not linear:
+        out = F.scaled_dot_product_attention(q, keys, values, scale=scaling)
+    else:
+        logits = (q @ keys.transpose(-1, -2)) * scaling  # [B, Hkv, G, L + 1]
+        top = logits.amax(-1, keepdim=True).clamp_min(0)
+        weights = (logits - top).exp()
+        far = feature_q(q.unsqueeze(3)).squeeze(3) @ packed.s  # [B, Hkv, G, Dv + 1]
+        scale = (-top).exp() if mix is None else (-top).exp() * mix.unsqueeze(-1)
+        num = torch.addcmul(weights @ values, far[..., :dv], scale)
+        den = torch.addcmul(weights.sum(-1, keepdim=True), far[..., dv:], scale)
+        out = num / den.clamp_min(torch.finfo(dtype).tiny)
+    # the key leaving the window (position t - W + 1) goes to its pending slot (and, with a feature-map part, into
+    # the state at once); k_t takes its ring slot
+    if ring:
+        slot = packed.num_sinks + t % ring
+        leaving_k, leaving_v = packed.keys.narrow(2, slot, 1), packed.values.narrow(2, slot, 1)
+    else:
+        leaving_k, leaving_v = k, v
+    p = (t - ring) % block
+    packed.pending_keys.narrow(2, p, 1).copy_(leaving_k)
+    packed.pending_values.narrow(2, p, 1).copy_(leaving_v)
+    packed.pending_pos.narrow(0, p, 1).fill_(t - ring)
+    packed.pending_ok.narrow(1, p, 1).fill_(True)
+    if linear:
+        packed.s = packed.s + packed.feature_k(leaving_k).transpose(-1, -2) @ with_ones(leaving_v)
+        packed.folded = t - ring
+    if ring:
+        leaving_k.copy_(k)
+        leaving_v.copy_(v)
+    packed.position = t + 1
+    return out

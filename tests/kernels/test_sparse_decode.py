@@ -1,0 +1,137 @@
+"""The sparse-cache hybrid's packed decode step (``kernels/linear/sparse_decode.py``) against the float64 brute force
+of ``test_sparse_cache`` (a Python loop that shares only φ with the code under test), and through the cache layer:
+generation with the packed step equals recomputation without a cache, in greedy and beam search, and the packed
+layout holds the bytes of the general one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_kernel_attn
+from hf_kernel_attn.integration.cache import RecurrentStateCache, RecurrentStateLayer, cache_bytes
+from tests.kernels.test_sparse_cache import SCALING, brute_force, cached_positions, inputs, make, tiny_lm
+
+
+@torch.no_grad()  # the packed step is for inference: under autograd the general form runs
+def _prefill_then_packed_steps(kern, q, k, v, prefill):
+    """The general forward over the first ``prefill`` tokens, then the packed step for every later token."""
+    window = kern.options.window
+    out, state = kern.forward_with_state(q[:, :, :prefill], k[:, :, :prefill], v[:, :, :prefill], causal=True,
+                                         scaling=SCALING)
+    ring = window - 1
+    wk = k[:, :, prefill - ring:prefill] if ring else None
+    wv = v[:, :, prefill - ring:prefill] if ring else None
+    assert kern.can_pack(state, wk, prefill)
+    packed = kern.pack_decode_state(state, wk, wv, prefill, SCALING)
+    outs = [out]
+    for t in range(prefill, q.shape[2]):
+        qt, kt, vt = q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1]
+        assert kern.fits_packed(packed, qt, kt, vt, None)
+        outs.append(kern.decode_packed(qt, kt, vt, packed, SCALING))
+    return torch.cat(outs, 1), packed
+
+
+@pytest.mark.parametrize("window, sinks, heads", [(5, 2, ()), (5, 0, (1, 2)), (4, 2, (0, 1, 2, 3)), (1, 1, ())])
+def test_packed_steps_match_the_brute_force(window, sinks, heads):
+    """Outputs of the packed steps (boundaries every 4 positions, GQA, λ per head; some or all heads retrieval heads
+    on a budget; a window of one key) and the pairs cached at the end, against the brute force; unpacking gives the
+    general form's state after one forward over the whole sequence."""
+    kern = make(window=window, sinks=sinks, capacity=3, block=4, heads=heads)
+    q, k, v = inputs(2, 4, 2, 47, seed=6)
+    got, packed = _prefill_then_packed_steps(kern, q, k, v, 21)
+    want, caches = brute_force(kern, q, k, v)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+    state, wk, _ = hf_kernel_attn.kernels.linear.sparse_decode.unpack(packed)
+    for (r, h), cache in caches.items():
+        assert cached_positions(state, r, h) == cache
+    _, full = kern.forward_with_state(q, k, v, causal=True, scaling=SCALING)
+    torch.testing.assert_close(state.S, full.S, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(state.z, full.z, rtol=1e-9, atol=1e-10)
+    assert torch.equal(state.sparse.pending_ok, full.sparse.pending_ok)
+    if window > 1:
+        assert torch.equal(wk, k[:, :, 47 - (window - 1):])
+    if sinks:
+        assert torch.equal(state.sinks.real_seen, full.sinks.real_seen) and state.sinks.seen == full.sinks.seen
+
+
+def test_a_state_is_not_packed_before_its_cache_is_full_or_while_a_sink_can_enter_the_window():
+    kern = make(window=5, sinks=2, capacity=3, block=4)
+    q, k, v = inputs(1, 4, 2, 30, seed=7)
+    _, state = kern.forward_with_state(q[:, :, :8], k[:, :, :8], v[:, :, :8], causal=True, scaling=SCALING)
+    assert not kern.can_pack(state, k[:, :, 4:8], 8)  # 3 keys have left the window: the cache is not full
+    _, state = kern.forward_with_state(q, k, v, causal=True, scaling=SCALING)
+    assert kern.can_pack(state, k[:, :, 26:], 30)
+    assert not kern.can_pack(state, k[:, :, 27:], 30)  # the window's keys are not all there
+
+
+def _packed_layers(cache):
+    return [layer for layer in cache.layers if isinstance(layer, RecurrentStateLayer)]
+
+
+@pytest.mark.parametrize("beams", [1, 2])
+def test_generation_with_packed_steps_equals_recomputation(beams):
+    """A tiny Llama with the sparse cache (two layers: one hybrid, one of budgeted retrieval heads) generates 24
+    tokens after a 40-token prompt with the packed step (beam search reorders it) and without any cache: the same
+    tokens and logits."""
+    model = tiny_lm()
+    hf_kernel_attn.patch(model, kernel="hedgehog", window=6, sinks=2, window_mix=True, sparse_cache=4,
+                         sparse_block=3, layers={1: {"kernel": "hedgehog", "params": {
+                             "window": 6, "sinks": 2, "sparse_cache": 4, "sparse_block": 3,
+                             "softmax_heads": [0, 1, 2, 3]}}})
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("window_log_mix"):
+                p.normal_()
+    ids = torch.randint(1, 97, (2, 40), generator=torch.Generator().manual_seed(4))
+    kw = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, num_beams=beams, return_dict_in_generate=True,
+              output_logits=True)
+    with torch.no_grad():
+        cached = model.generate(ids, **kw)
+        full = model.generate(ids, use_cache=False, **kw)
+    layers = _packed_layers(cached.past_key_values)
+    assert len(layers) == 2 and all(layer.is_packed for layer in layers)
+    assert torch.equal(cached.sequences, full.sequences)
+    torch.testing.assert_close(torch.stack(cached.logits), torch.stack(full.logits), rtol=1e-4, atol=1e-4)
+
+
+def test_packed_layout_holds_the_bytes_of_the_general_one_and_a_longer_chunk_continues_it():
+    """After packed steps the cache holds as many bytes as once unpacked (reading ``state`` unpacks); a 5-token
+    chunk after them (the general form again) gives the logits of one forward over every token."""
+    model = tiny_lm()
+    hf_kernel_attn.patch(model, kernel="hedgehog", window=6, sinks=2, sparse_cache=4, sparse_block=3)
+    ids = torch.randint(1, 97, (1, 60), generator=torch.Generator().manual_seed(5))
+    cache = RecurrentStateCache(model)
+    with torch.no_grad():
+        model(ids[:, :40], past_key_values=cache, use_cache=True)
+        for t in range(40, 55):
+            model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+        assert all(layer.is_packed for layer in _packed_layers(cache))
+        packed_bytes = cache_bytes(cache)
+        assert all(layer.state is not None and not layer.is_packed for layer in _packed_layers(cache))
+        assert cache_bytes(cache) == packed_bytes
+        for t in range(55, 57):  # packed again by the next general call, then stepped
+            model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+        assert all(layer.is_packed for layer in _packed_layers(cache))
+        tail = model(ids[:, 57:], past_key_values=cache, use_cache=True).logits
+        want = model(ids, use_cache=False).logits[:, 57:]
+    torch.testing.assert_close(tail, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_padded_token_after_packed_steps_takes_the_general_form():
+    """A decode step whose new token is padding in one row leaves the packed layout (the general form masks it);
+    the next real token's logits equal one forward over every token with the same padding mask."""
+    model = tiny_lm()
+    hf_kernel_attn.patch(model, kernel="hedgehog", window=6, sinks=2, sparse_cache=4, sparse_block=3)
+    ids = torch.randint(1, 97, (2, 52), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones(2, 52, dtype=torch.long)
+    mask[1, 49] = 0
+    cache = RecurrentStateCache(model)
+    with torch.no_grad():
+        model(ids[:, :40], past_key_values=cache, use_cache=True)
+        for t in range(40, 52):
+            logits = model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], past_key_values=cache,
+                           use_cache=True).logits
+            assert all(layer.is_packed for layer in _packed_layers(cache)) == (t < 49)
+        want = model(ids, attention_mask=mask, use_cache=False).logits[:, -1:]
+    torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)
