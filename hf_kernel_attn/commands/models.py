@@ -90,12 +90,13 @@ def decode_bench_command(args: argparse.Namespace) -> int:
                                  + ("(synthetic cache)" if r["synthetic"] else f"(prefill {r['prefill_s']:.1f} s)"),
                                  flush=True),
     )
-    print("\n| kernel | context | ms/token | × softmax (K/V cache) | × own shortest context | cache MiB | "
-          "prefill tokens/s |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| kernel | context | ms/token (median) | × softmax (K/V cache) | ms/token (mean) | × softmax (mean) | "
+          "× own shortest context | cache MiB | prefill tokens/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         rate = "–" if r["prefill_tokens_per_s"] is None else f"{r['prefill_tokens_per_s']:.0f}"
         print(f"| {r['kernel']} | {r['context']} | {r['decode_ms']:.2f} | {r['ratio_vs_softmax']:.2f} | "
+              f"{r['decode_ms_mean']:.2f} | {r['ratio_mean_vs_softmax']:.2f} | "
               f"{r['ratio_vs_shortest']:.2f} | {r['cache_bytes'] / 2**20:.1f} | {rate} |")
     if args.output:
         with open(args.output, "w") as f:

@@ -10,6 +10,7 @@ import torch
 
 import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache, RecurrentStateLayer, cache_bytes
+from tests.kernels import test_sparse_cache as sparse_cache_tests
 from tests.kernels.test_sparse_cache import SCALING, brute_force, cached_positions, inputs, make, tiny_lm
 
 
@@ -53,6 +54,19 @@ def test_packed_steps_match_the_brute_force(window, sinks, heads):
         assert torch.equal(wk, k[:, :, 47 - (window - 1):])
     if sinks:
         assert torch.equal(state.sinks.real_seen, full.sinks.real_seen) and state.sinks.seen == full.sinks.seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_packed_steps_with_equal_head_sizes_match_the_brute_force(monkeypatch, dtype):
+    """Values as wide as keys (D = Dv, as in every model): the hybrid's softmax part then comes from the fused CPU
+    attention kernel with its log-sum-exp; in float64 and float32 against the float64 brute force."""
+    monkeypatch.setattr(sparse_cache_tests, "DV", sparse_cache_tests.D)
+    kern = make(window=5, sinks=2, capacity=3, block=4, heads=(1,), dtype=dtype)
+    q, k, v = inputs(2, 4, 2, 47, seed=8, dtype=dtype)
+    got, _ = _prefill_then_packed_steps(kern, q, k, v, 21)
+    want, _ = brute_force(kern, q, k, v)
+    tol = dict(rtol=1e-9, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got.to(torch.float64), want, **tol)
 
 
 def test_a_state_is_not_packed_before_its_cache_is_full_or_while_a_sink_can_enter_the_window():

@@ -452,19 +452,20 @@ class LinearKernel(Kernel):
         scaling = d ** -0.5 if scaling is None else scaling
         heads = self.options.softmax_heads
         linear_part = not (self.linear_branch_off or len(set(heads)) == hq)
-        mix = self._decode_mix(hkv, q.device) if linear_part else None
+        log_mix = self._decode_log_mix(hkv, q.device) if linear_part else None
 
         def feature_q(x: torch.Tensor) -> torch.Tensor:  # position-free maps: any position gives the same
             return self.feature_q(x.contiguous(), torch.zeros(1, device=x.device, dtype=torch.long), scaling)
 
         out = sparse_decode.decode_step(
-            packed, q.reshape(b, hkv, hq // hkv, d), k, v, feature_q, scaling=scaling, mix=mix, linear=linear_part,
-            block=self.options.sparse_block, capacity=self.options.sparse_cache, eps=self.options.eps)
+            packed, q.reshape(b, hkv, hq // hkv, d), k, v, feature_q, scaling=scaling, log_mix=log_mix,
+            linear=linear_part, block=self.options.sparse_block, capacity=self.options.sparse_cache,
+            eps=self.options.eps)
         return out.reshape(b, 1, hq, dv).to(q.dtype)
 
-    def _decode_mix(self, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
-        """λ ``[Hkv, G]`` of the feature-map part (0 in ``softmax_heads``), or None (1): worked out again only when
-        ``window_log_mix`` changed (its version counter) or the device did."""
+    def _decode_log_mix(self, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
+        """ln λ ``[Hkv, G]`` of the feature-map part (-inf in ``softmax_heads``), or None (λ = 1): worked out again
+        only when ``window_log_mix`` changed (its version counter) or the device did."""
         param = getattr(self, "window_log_mix", None)
         key = (None if param is None else param._version, device, self.linear_branch_off)
         memo = getattr(self, "_mix_memo", None)
@@ -476,9 +477,9 @@ class LinearKernel(Kernel):
             off = torch.zeros(self.shape.num_heads, device=device)
             off[heads] = float("-inf")
             log_mix = off.view(num_kv_heads, -1) if log_mix is None else log_mix + off.view(num_kv_heads, -1)
-        mix = None if log_mix is None else log_mix.detach().exp()
-        self._mix_memo = (key, mix, param)
-        return mix
+        log_mix = None if log_mix is None else log_mix.detach()
+        self._mix_memo = (key, log_mix, param)
+        return log_mix
 
     def branch_log_mix(self, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
         """ln λ ``[Hkv, G]`` of the windowed hybrid's feature-map part: the learnable factor (``window_mix``),

@@ -50,11 +50,11 @@ def recall_error(s: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float,
     """‖v_j - Sᵀφ(k_j) / max(zᵀφ(k_j), ρ z_fullᵀφ(k_j), eps)‖² ``[B, H, L]``: how far the state (``s`` = [S, z]
     ``[B, H, F, Dv + 1]``) is from giving back v_j for k_j; ``z_full`` ``[B, H, F]`` the normaliser that ``z`` was
     taken from (ρ = :data:`MASS_FLOOR`)."""
-    read = fk @ s
     dv = v.shape[-1]
-    den = read[..., dv:].clamp_min(eps)
+    read = fk @ (s if z_full is None else torch.cat([s, z_full.unsqueeze(-1)], -1))  # one matmul for every sum
+    den = read[..., dv:dv + 1].clamp_min(eps)
     if z_full is not None:
-        den = torch.maximum(den, MASS_FLOOR * (fk @ z_full.unsqueeze(-1)))
+        den = torch.maximum(den, MASS_FLOOR * read[..., dv + 1:])
     return (v - read[..., :dv] / den).square().sum(-1)
 
 
@@ -72,24 +72,30 @@ def choose_pairs(
     *,
     capacity: int,
     eps: float,
+    in_state: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One boundary: the pool = the cache (``keys`` ``[B, Hkv, C, D]``, ``values``, ``pos``, ``valid``) ∪ the pending
-    keys (folded into ``s`` = [S, z] since the last boundary; ``pend_ok`` ``[B, P]``), scored by the self-recall error
-    against the state without the candidates; the C highest are the new cache, the rest of the pool is folded into
-    the state. Returns (state, keys, values, pos, valid)."""
+    keys (folded into ``s`` = [S, z] since the last boundary, or with ``in_state`` False not yet; ``pend_ok``
+    ``[B, P]``), scored by the self-recall error against the state without the candidates; the C highest are the new
+    cache, the rest of the pool is folded into the state. Returns (state, keys, values, pos, valid)."""
     b, hkv = keys.shape[:2]
     d, dv = keys.shape[-1], values.shape[-1]
     cand_ok = pend_ok[:, None, :].expand(-1, hkv, -1)
-    cand_f = feature_k(pend_k)
     pool_k, pool_v = torch.cat([keys, pend_k], 2), torch.cat([values, pend_v], 2)
-    pool_f = torch.cat([feature_k(keys), cand_f], 2)
+    pool_f = feature_k(pool_k)
+    cand_f = pool_f[:, :, keys.shape[2]:]
     pool_pos = torch.cat([pos, pend_pos.expand(b, hkv, -1)], 2)
     pool_ok = torch.cat([valid, cand_ok], 2)
-    s_out = _fold(s, cand_f, pend_v, cand_ok.to(s.dtype), sign=-1.0)  # the state without the candidates
-    score = recall_error(s_out, pool_f, pool_v, eps, z_full=s[..., dv]).masked_fill(~pool_ok, float("-inf"))
-    pick = score.topk(capacity, dim=-1).indices  # [B, Hkv, C]
-    kept = torch.zeros_like(pool_ok).scatter_(-1, pick, True)
-    s = _fold(s_out, pool_f, pool_v, (pool_ok & ~kept).to(s.dtype))  # the rest of the pool joins the state
+    if in_state:
+        s_out, z_full = _fold(s, cand_f, pend_v, cand_ok.to(s.dtype), sign=-1.0), s[..., dv]  # without the candidates
+    else:
+        s_out, z_full = s, s[..., dv] + (cand_f * cand_ok[..., None].to(s.dtype)).sum(2)
+    score = recall_error(s_out, pool_f, pool_v, eps, z_full=z_full).masked_fill(~pool_ok, float("-inf"))
+    order = score.topk(pool_ok.shape[-1], dim=-1).indices  # [B, Hkv, C + P], highest first
+    pick, out = order[..., :capacity], order[..., capacity:]
+    # the rest of the pool (the P lowest) joins the state
+    s = _fold(s_out, pool_f.gather(2, out[..., None].expand(-1, -1, -1, pool_f.shape[-1])),
+              pool_v.gather(2, out[..., None].expand(-1, -1, -1, dv)), pool_ok.gather(2, out).to(s.dtype))
     return (s, pool_k.gather(2, pick[..., None].expand(-1, -1, -1, d)),
             pool_v.gather(2, pick[..., None].expand(-1, -1, -1, dv)), pool_pos.gather(2, pick), pool_ok.gather(2, pick))
 

@@ -52,6 +52,7 @@ class PackedSparseState:
     position: int
     packed_at: int
     folded: int  # the state holds every pending key at a position ≤ this (later ones wait for the boundary)
+    synced: int  # the pending slots' positions and flags are written for the keys at positions ≤ this
     feature_k: Callable[[torch.Tensor], torch.Tensor]  # φ of keys [B, Hkv, L, D] (the kernel's, position-free)
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> PackedSparseState:
@@ -112,7 +113,7 @@ def pack(state: LinearState, window_keys: torch.Tensor | None, window_values: to
         torch.cat(parts_k, 2), torch.cat(parts_v, 2), torch.cat([state.S, state.z.unsqueeze(-1)], -1),
         sc.pos.clone(), sc.valid.clone(), sc.pending_keys.to(dtype).clone(), sc.pending_values.to(dtype).clone(),
         sc.pending_pos.clone(), sc.pending_ok.clone(), meta, 0 if state.sinks is None else state.sinks.keys.shape[-2],
-        ring, position, position, position - window, feature_k)
+        ring, position, position, position - window, position - window, feature_k)
 
 
 def unpack(packed: PackedSparseState) -> tuple[LinearState, torch.Tensor | None, torch.Tensor | None]:
@@ -130,21 +131,46 @@ def unpack(packed: PackedSparseState) -> tuple[LinearState, torch.Tensor | None,
         wk = packed.keys[:, :, ns:ns + ring].roll(-shift, 2)
         wv = packed.values[:, :, ns:ns + ring].roll(-shift, 2)
     c0 = ns + ring
-    _fold_pending(packed, t - 1 - ring)
+    _settle_pending(packed, t - 1 - ring)
     sparse = SparseCache(packed.keys[:, :, c0:], packed.values[:, :, c0:], packed.cache_pos, packed.cache_valid,
                          packed.pending_keys, packed.pending_values, packed.pending_pos, packed.pending_ok)
     return LinearState(packed.s[..., :dv], packed.s[..., dv], sinks, sparse=sparse), wk, wv
 
 
-def _fold_pending(packed: PackedSparseState, through: int) -> None:
-    """Fold into the state the pending keys at positions folded < p ≤ ``through`` (a layer without a feature-map
-    part reads its state only at a boundary, so its decode steps leave them pending)."""
-    if through <= packed.folded:
-        return
-    due = packed.pending_ok & (packed.pending_pos > packed.folded) & (packed.pending_pos <= through)  # [B, P]
-    fk = packed.feature_k(packed.pending_keys) * due[:, None, :, None].to(packed.s.dtype)
-    packed.s = packed.s + fk.transpose(-1, -2) @ with_ones(packed.pending_values)
-    packed.folded = through
+def _settle_pending(packed: PackedSparseState, through: int, fold: bool = True) -> None:
+    """Bring the pending slots up to date for the keys that left the window at positions ≤ ``through``: their slots'
+    positions and flags (decode steps write only the slots' keys and values; every key since packing was real and no
+    sink, a condition of packing) and, with ``fold``, the fold into the state of those a step left out of it (no
+    feature-map part)."""
+    if through > packed.synced:
+        n = packed.pending_pos.shape[0]
+        left = torch.arange(max(packed.synced + 1, through + 1 - n), through + 1, device=packed.pending_pos.device)
+        slots = left % n
+        packed.pending_pos.index_copy_(0, slots, left)
+        packed.pending_ok.index_fill_(1, slots, True)
+        packed.synced = through
+    if fold and through > packed.folded:
+        due = packed.pending_ok & (packed.pending_pos > packed.folded) & (packed.pending_pos <= through)  # [B, P]
+        fk = packed.feature_k(packed.pending_keys) * due[:, None, :, None].to(packed.s.dtype)
+        packed.s = packed.s + fk.transpose(-1, -2) @ with_ones(packed.pending_values)
+        packed.folded = through
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax_j(s q·k_j) v_j ``[B, Hkv, G, Dv]`` and log Σ_j e^{s q·k_j} ``[B, Hkv, G, 1]``: on CPU from one fused
+    kernel (the flash-attention kernel behind ``scaled_dot_product_attention``, which returns the log-sum-exp
+    too), elsewhere written out."""
+    if (q.device.type == "cpu" and _FLASH_CPU is not None and q.dtype in (torch.float32, torch.float64)
+            and keys.shape[-1] == values.shape[-1]):  # (that kernel wants one head size for q, k and v)
+        out, lse = _FLASH_CPU(q, keys, values, 0.0, False, scale=scaling)[:2]
+        return out, lse.unsqueeze(-1)
+    logits = (q @ keys.transpose(-1, -2)) * scaling
+    lse = logits.logsumexp(-1, keepdim=True)
+    return (logits - lse).exp() @ values, lse
+
+
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def decode_step(
@@ -155,7 +181,7 @@ def decode_step(
     feature_q: Callable[[torch.Tensor], torch.Tensor],
     *,
     scaling: float,
-    mix: torch.Tensor | None,
+    log_mix: torch.Tensor | None,
     linear: bool,
     block: int,
     capacity: int,
@@ -163,9 +189,13 @@ def decode_step(
 ) -> torch.Tensor:
     """The output ``[B, Hkv, G, Dv]`` of query ``q`` ``[B, Hkv, G, D]`` (grouped) at ``packed.position``, with its
     key and value ``k`` / ``v`` ``[B, Hkv, 1, ·]``; ``packed`` is updated in place to the next position.
-    ``feature_q``: φ of ``[B, Hkv, G, 1, D]`` queries (of keys: ``packed.feature_k``; position-free maps); ``mix``
-    λ ``[Hkv, G]`` or None (1); ``linear`` False when λ = 0 in every head (no feature-map part: the keys leaving the
-    window then wait in their pending slots and join the state at the next boundary, in one matmul)."""
+    ``feature_q``: φ of ``[B, Hkv, G, 1, D]`` queries (of keys: ``packed.feature_k``; position-free maps);
+    ``log_mix`` ln λ ``[Hkv, G]`` or None (λ = 1); ``linear`` False when λ = 0 in every head (no feature-map part:
+    the keys leaving the window then wait in their pending slots and join the state at the next boundary, in one
+    matmul).
+
+    With the softmax part's log-sum-exp ℓ = log Σ_j e^{s q·k_j} and its output o, the hybrid's output is
+    (o + w φ(q)ᵀS) / (1 + w φ(q)ᵀz), w = λ e^{-ℓ}: the general form's sums divided by e^{ℓ - m}."""
     t = packed.position
     dtype = packed.s.dtype
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
@@ -173,11 +203,14 @@ def decode_step(
     ring = packed.ring
     c0 = packed.num_sinks + ring
     if t % block == 0:  # a boundary: the pool is re-chosen before query t is answered
-        _fold_pending(packed, t - 1 - ring)
+        # the candidates (positions after t - B - W) all wait outside the state, or it takes in those that wait
+        waiting = packed.folded <= t - block - 1 - ring
+        _settle_pending(packed, t - 1 - ring, fold=not waiting)
         s, ck, cv, pos, valid = choose_pairs(
             packed.s, packed.keys[:, :, c0:], packed.values[:, :, c0:], packed.cache_pos, packed.cache_valid,
             packed.pending_keys, packed.pending_values, packed.pending_pos, packed.pending_ok, packed.feature_k,
-            capacity=capacity, eps=eps)
+            capacity=capacity, eps=eps, in_state=not waiting)
+        packed.folded = t - 1 - ring
         packed.keys[:, :, c0:] = ck
         packed.values[:, :, c0:] = cv
         packed.s, packed.cache_pos, packed.cache_valid = s, pos, valid
@@ -187,14 +220,10 @@ def decode_step(
     if not linear:
         out = F.scaled_dot_product_attention(q, keys, values, scale=scaling)
     else:
-        logits = (q @ keys.transpose(-1, -2)) * scaling  # [B, Hkv, G, L + 1]
-        top = logits.amax(-1, keepdim=True).clamp_min(0)
-        weights = (logits - top).exp()
+        soft, lse = _attend(q, keys, values, scaling)
         far = feature_q(q.unsqueeze(3)).squeeze(3) @ packed.s  # [B, Hkv, G, Dv + 1]
-        scale = (-top).exp() if mix is None else (-top).exp() * mix.unsqueeze(-1)
-        num = torch.addcmul(weights @ values, far[..., :dv], scale)
-        den = torch.addcmul(weights.sum(-1, keepdim=True), far[..., dv:], scale)
-        out = num / den.clamp_min(torch.finfo(dtype).tiny)
+        w = (-lse).exp() if log_mix is None else (log_mix.unsqueeze(-1) - lse).exp()
+        out = torch.addcmul(soft, far[..., :dv], w) / (far[..., dv:] * w).add_(1)  # φ ≥ 0: the divisor is ≥ 1
     # the key leaving the window (position t - W + 1) goes to its pending slot (and, with a feature-map part, into
     # the state at once); k_t takes its ring slot
     if ring:
@@ -205,10 +234,10 @@ def decode_step(
     p = (t - ring) % block
     packed.pending_keys.narrow(2, p, 1).copy_(leaving_k)
     packed.pending_values.narrow(2, p, 1).copy_(leaving_v)
-    packed.pending_pos.narrow(0, p, 1).fill_(t - ring)
-    packed.pending_ok.narrow(1, p, 1).fill_(True)
     if linear:
-        packed.s = packed.s + packed.feature_k(leaving_k).transpose(-1, -2) @ with_ones(leaving_v)
+        fk = packed.feature_k(leaving_k).transpose(-1, -2)  # [B, Hkv, F, 1]
+        packed.s[..., :dv].addcmul_(fk, leaving_v)
+        packed.s[..., dv:].add_(fk)
         packed.folded = t - ring
     if ring:
         leaving_k.copy_(k)
