@@ -25,8 +25,8 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from ..kernels import Kernel, LinearKernel
-from ..kernels.linear.sparse_decode import PackedSparseState, unpack
 from ..kernels.linear.state import LinearState
+from ..kernels.linear.window_decode import PackedWindowState, unpack
 from ..kernels.softmax import SoftmaxKernel, banded_attention, gather_keys, sink_slots
 from .attention import KERNEL_ATTR, packed_segments
 from .modules import attention_modules
@@ -68,10 +68,10 @@ class RecurrentStateLayer(DynamicLayer):
         self.window = window
         self._window_keys: torch.Tensor | None = None
         self._window_values: torch.Tensor | None = None
-        # sparse-cache hybrids between decode steps: the same tensors in the packed layout
-        # (kernels/linear/sparse_decode.py), taken once the prompt is behind; reading ``state`` or the window keys
+        # window hybrids between decode steps: the same tensors in the packed layout
+        # (kernels/linear/window_decode.py), taken once the prompt is behind; reading ``state`` or the window keys
         # gives the general layout back
-        self._packed: PackedSparseState | None = None
+        self._packed: PackedWindowState | None = None
         self._all_real = True  # no key so far was padding (a condition of the packed layout)
 
     def _unpack(self) -> None:

@@ -30,7 +30,7 @@ from ..base import (
     ungroup_output,
     visibility_mask,
 )
-from ..linear import cost, sparse_decode
+from ..linear import cost, window_decode
 from ..linear.gated import (
     augmented_state,
     cumulative,
@@ -413,18 +413,21 @@ class LinearKernel(Kernel):
 
     @property
     def decodes_packed(self) -> bool:
-        """Whether decode steps can run on the packed layout of :mod:`..linear.sparse_decode` (a causal sparse-cache
-        hybrid without a decay)."""
-        return bool(self.options.sparse_cache and self.window and not self.is_gated)
+        """Whether decode steps can run on the packed layout of :mod:`..linear.window_decode`: a window hybrid
+        without a decay whose φ does not depend on the position (:attr:`supports_sparse_cache`), with or without a
+        sparse cache, and no exact heads that keep every key."""
+        exact_heads = bool(self.options.softmax_heads) and not self.options.sparse_cache
+        return bool(self.window and self.supports_sparse_cache and not self.is_gated and not exact_heads)
 
     def can_pack(self, state: LinearState | None, window_keys: torch.Tensor | None, position: int) -> bool:
         """Whether a general decode state after ``position`` real tokens can go to the packed layout."""
-        return self.decodes_packed and sparse_decode.can_pack(state, window_keys, window=self.window,
-                                                              sinks=self.options.sinks, position=position)
+        return self.decodes_packed and window_decode.can_pack(
+            state, window_keys, window=self.window, sinks=self.options.sinks, capacity=self.options.sparse_cache,
+            position=position)
 
     def pack_decode_state(self, state: LinearState, window_keys: torch.Tensor | None,
                           window_values: torch.Tensor | None, position: int,
-                          scaling: float | None = None) -> sparse_decode.PackedSparseState:
+                          scaling: float | None = None) -> window_decode.PackedWindowState:
         """The packed layout of a general decode state (:meth:`can_pack`) after ``position`` tokens; ``scaling`` the
         attention's (φ of the cached keys is taken with it, as in :meth:`_windowed_sparse`)."""
         scaling = self.shape.head_dim ** -0.5 if scaling is None else scaling
@@ -433,19 +436,19 @@ class LinearKernel(Kernel):
         def key_features(keys: torch.Tensor) -> torch.Tensor:  # position-free maps: any position gives the same
             return self.feature_k(keys.contiguous(), zero.expand(keys.shape[-2]), scaling)
 
-        return sparse_decode.pack(state, window_keys, window_values, key_features, window=self.window,
+        return window_decode.pack(state, window_keys, window_values, key_features, window=self.window,
                                   position=position)
 
-    def fits_packed(self, packed: sparse_decode.PackedSparseState, q, k, v, key_mask) -> bool:
+    def fits_packed(self, packed: window_decode.PackedWindowState, q, k, v, key_mask) -> bool:
         """Whether this one-token call can take the packed step: no padding, no autograd, the options the state was
         packed under."""
         return (key_mask is None and q.shape[-2] == 1 and self.decodes_packed and not self._needs_grad(q, k, v, None)
                 and packed.num_sinks == self.options.sinks and packed.ring == self.window - 1
-                and packed.cache_pos.shape[-1] == self.options.sparse_cache)
+                and packed.capacity == self.options.sparse_cache)
 
-    def decode_packed(self, q, k, v, packed: sparse_decode.PackedSparseState, scaling=None) -> torch.Tensor:
-        """One decode step on the packed state (:func:`..linear.sparse_decode.decode_step`, the same rule as
-        :meth:`_windowed_sparse`): ``q`` ``[B, Hq, 1, D]``, ``k`` / ``v`` ``[B, Hkv, 1, ·]``; returns
+    def decode_packed(self, q, k, v, packed: window_decode.PackedWindowState, scaling=None) -> torch.Tensor:
+        """One decode step on the packed state (:func:`..linear.window_decode.decode_step`, the same rule as
+        :meth:`_windowed`): ``q`` ``[B, Hq, 1, D]``, ``k`` / ``v`` ``[B, Hkv, 1, ·]``; returns
         ``[B, 1, Hq, Dv]`` and advances ``packed``."""
         b, hq, _, d = q.shape
         hkv, dv = k.shape[1], v.shape[-1]
@@ -457,7 +460,7 @@ class LinearKernel(Kernel):
         def feature_q(x: torch.Tensor) -> torch.Tensor:  # position-free maps: any position gives the same
             return self.feature_q(x.contiguous(), torch.zeros(1, device=x.device, dtype=torch.long), scaling)
 
-        out = sparse_decode.decode_step(
+        out = window_decode.decode_step(
             packed, q.reshape(b, hkv, hq // hkv, d), k, v, feature_q, scaling=scaling, log_mix=log_mix,
             linear=linear_part, block=self.options.sparse_block, capacity=self.options.sparse_cache,
             eps=self.options.eps)

@@ -1,7 +1,7 @@
-"""The sparse-cache hybrid's packed decode step (``kernels/linear/sparse_decode.py``) against the float64 brute force
-of ``test_sparse_cache`` (a Python loop that shares only φ with the code under test), and through the cache layer:
-generation with the packed step equals recomputation without a cache, in greedy and beam search, and the packed
-layout holds the bytes of the general one."""
+"""The window hybrid's packed decode step (``kernels/linear/window_decode.py``), with and without a sparse cache,
+against the float64 brute force of ``test_sparse_cache`` (a Python loop that shares only φ with the code under test),
+and through the cache layer: generation with the packed step equals recomputation without a cache, in greedy and
+beam search, and the packed layout holds the bytes of the general one."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import torch
 
 import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache, RecurrentStateLayer, cache_bytes
-from tests.kernels import test_sparse_cache as sparse_cache_tests
-from tests.kernels.test_sparse_cache import SCALING, brute_force, cached_positions, inputs, make, tiny_lm
+from tests.kernels.sparse_cache_reference import SCALING, D, brute_force, cached_positions, inputs, make, tiny_lm
 
 
 @torch.no_grad()  # the packed step is for inference: under autograd the general form runs
@@ -33,23 +32,28 @@ def _prefill_then_packed_steps(kern, q, k, v, prefill):
     return torch.cat(outs, 1), packed
 
 
-@pytest.mark.parametrize("window, sinks, heads", [(5, 2, ()), (5, 0, (1, 2)), (4, 2, (0, 1, 2, 3)), (1, 1, ())])
-def test_packed_steps_match_the_brute_force(window, sinks, heads):
+@pytest.mark.parametrize("name", ["hedgehog", "elu"])
+@pytest.mark.parametrize("window, sinks, heads, capacity", [(5, 2, (), 3), (5, 0, (1, 2), 3), (4, 2, (0, 1, 2, 3), 3),
+                                                             (1, 1, (), 3), (5, 2, (), 0), (6, 0, (), 0)])
+def test_packed_steps_match_the_brute_force(name, window, sinks, heads, capacity):
     """Outputs of the packed steps (boundaries every 4 positions, GQA, λ per head; some or all heads retrieval heads
-    on a budget; a window of one key) and the pairs cached at the end, against the brute force; unpacking gives the
-    general form's state after one forward over the whole sequence."""
-    kern = make(window=window, sinks=sinks, capacity=3, block=4, heads=heads)
+    on a budget; a window of one key; no cache: the plain hybrid) and the pairs cached at the end, against the brute
+    force; unpacking gives the general form's state after one forward over the whole sequence."""
+    kern = make(name, window=window, sinks=sinks, capacity=capacity, block=4, heads=heads)
     q, k, v = inputs(2, 4, 2, 47, seed=6)
     got, packed = _prefill_then_packed_steps(kern, q, k, v, 21)
     want, caches = brute_force(kern, q, k, v)
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
-    state, wk, _ = hf_kernel_attn.kernels.linear.sparse_decode.unpack(packed)
-    for (r, h), cache in caches.items():
-        assert cached_positions(state, r, h) == cache
+    state, wk, _ = hf_kernel_attn.kernels.linear.window_decode.unpack(packed)
     _, full = kern.forward_with_state(q, k, v, causal=True, scaling=SCALING)
+    if capacity:
+        for (r, h), cache in caches.items():
+            assert cached_positions(state, r, h) == cache
+        assert torch.equal(state.sparse.pending_ok, full.sparse.pending_ok)
+    else:
+        assert state.sparse is None and full.sparse is None
     torch.testing.assert_close(state.S, full.S, rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(state.z, full.z, rtol=1e-9, atol=1e-10)
-    assert torch.equal(state.sparse.pending_ok, full.sparse.pending_ok)
     if window > 1:
         assert torch.equal(wk, k[:, :, 47 - (window - 1):])
     if sinks:
@@ -57,12 +61,11 @@ def test_packed_steps_match_the_brute_force(window, sinks, heads):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_packed_steps_with_equal_head_sizes_match_the_brute_force(monkeypatch, dtype):
+def test_packed_steps_with_equal_head_sizes_match_the_brute_force(dtype):
     """Values as wide as keys (D = Dv, as in every model): the hybrid's softmax part then comes from the fused CPU
     attention kernel with its log-sum-exp; in float64 and float32 against the float64 brute force."""
-    monkeypatch.setattr(sparse_cache_tests, "DV", sparse_cache_tests.D)
     kern = make(window=5, sinks=2, capacity=3, block=4, heads=(1,), dtype=dtype)
-    q, k, v = inputs(2, 4, 2, 47, seed=8, dtype=dtype)
+    q, k, v = inputs(2, 4, 2, 47, seed=8, dtype=dtype, dv=D)
     got, _ = _prefill_then_packed_steps(kern, q, k, v, 21)
     want, _ = brute_force(kern, q, k, v)
     tol = dict(rtol=1e-9, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
@@ -70,6 +73,11 @@ def test_packed_steps_with_equal_head_sizes_match_the_brute_force(monkeypatch, d
 
 
 def test_a_state_is_not_packed_before_its_cache_is_full_or_while_a_sink_can_enter_the_window():
+    """Nor for kernels the packed step cannot serve: a φ that depends on the position (cosformer), exact heads that
+    keep every key."""
+    assert not make("cosformer", window=5, capacity=0, mix=False).decodes_packed
+    assert not make(window=5, capacity=0, heads=(1,)).decodes_packed
+    assert make(window=5, capacity=0).decodes_packed
     kern = make(window=5, sinks=2, capacity=3, block=4)
     q, k, v = inputs(1, 4, 2, 30, seed=7)
     _, state = kern.forward_with_state(q[:, :, :8], k[:, :, :8], v[:, :, :8], causal=True, scaling=SCALING)
@@ -84,15 +92,18 @@ def _packed_layers(cache):
 
 
 @pytest.mark.parametrize("beams", [1, 2])
-def test_generation_with_packed_steps_equals_recomputation(beams):
-    """A tiny Llama with the sparse cache (two layers: one hybrid, one of budgeted retrieval heads) generates 24
-    tokens after a 40-token prompt with the packed step (beam search reorders it) and without any cache: the same
-    tokens and logits."""
+@pytest.mark.parametrize("capacity", [4, 0])
+def test_generation_with_packed_steps_equals_recomputation(beams, capacity):
+    """A tiny Llama with the window hybrid (with a sparse cache: one layer hybrid, one of budgeted retrieval heads;
+    without: the plain sinks + window hybrid) generates 24 tokens after a 40-token prompt with the packed step (beam
+    search reorders it) and without any cache: the same tokens and logits."""
     model = tiny_lm()
-    hf_kernel_attn.patch(model, kernel="hedgehog", window=6, sinks=2, window_mix=True, sparse_cache=4,
-                         sparse_block=3, layers={1: {"kernel": "hedgehog", "params": {
-                             "window": 6, "sinks": 2, "sparse_cache": 4, "sparse_block": 3,
-                             "softmax_heads": [0, 1, 2, 3]}}})
+    if capacity:
+        budgeted = {"window": 6, "sinks": 2, "sparse_cache": capacity, "sparse_block": 3, "softmax_heads": [0, 1, 2, 3]}
+        hf_kernel_attn.patch(model, kernel="hedgehog", window=6, sinks=2, window_mix=True, sparse_cache=capacity,
+                             sparse_block=3, layers={1: {"kernel": "hedgehog", "params": budgeted}})
+    else:
+        hf_kernel_attn.patch(model, kernel="hedgehog", window=6, sinks=2, window_mix=True)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("window_log_mix"):

@@ -1,16 +1,18 @@
-"""The sparse-cache hybrid's decode step on packed buffers: the rule of :mod:`.sparse_cache` for one query at a
-time, once the prompt is behind (the fast path next to the general form, which stays the reference).
+"""The window hybrid's decode step on packed buffers, with or without a bounded sparse cache: the rule of
+:mod:`.window` and :mod:`.sparse_cache` for one query at a time once the prompt is behind (the fast path next to
+the general forms, which stay the reference).
 
 Once every sink slot is filled and out of every later window, every cache slot holds a pair and no key was
 padding, nothing in a decode step needs a mask: query t weighs
 
     e^{s q_t·k_j}  over  [sinks | the W - 1 keys before t | the C cached pairs | k_t]   and   λ_h φ(q_t)·[S, z]
 
-with the shift m_t = max(0, max_j s q_t·k_j) of the general form, so one matmul over one buffer gives the softmax
-part (scaled dot-product attention when λ = 0 in every head: retrieval heads on a budget). Per (row, KV head) the
+so one fused attention call over one buffer gives the softmax part and its log-sum-exp ℓ, and the output is
+(o + w φ(q)ᵀS) / (1 + w φ(q)ᵀz) with w = λ_h e^{-ℓ} (the general form's sums, both divided by e^{ℓ - m}); with
+λ = 0 in every head (retrieval heads on a budget) it is scaled dot-product attention alone. Per (row, KV head) the
 keys and values live in one buffer ``[B, Hkv, S + W - 1 + C, ·]``: the sinks, a ring of W - 1 slots (position p in
 slot p mod (W - 1)) and the cache; [S, z] is one tensor ``[B, Hkv, F, Dv + 1]``. After the query the key leaving
-the window (position t - W + 1) is folded into the state and the pending slots (as the general form's
+the window (position t - W + 1) goes into the state and, with a cache, its pending slot (the general form's
 ``fold_to``), and k_t takes its ring slot; at a boundary (t a multiple of the block) the pool is re-chosen first by
 :func:`.sparse_cache.choose_pairs`, the function the general form calls. The buffers hold exactly the tensors of
 the general state (:class:`.state.LinearState` with its sinks and sparse cache, plus the W - 1 window keys), so the
@@ -30,22 +32,21 @@ from .state import LinearState, SinkSet, SparseCache, with_ones
 
 
 @dataclasses.dataclass
-class PackedSparseState:
-    """The decode state of one sparse-cache hybrid layer in the packed layout (module docstring): ``keys``
+class PackedWindowState:
+    """The decode state of one window-hybrid layer in the packed layout (module docstring): ``keys``
     ``[B, Hkv, S + W - 1 + C, D]`` and ``values`` (sinks, ring, cache), ``s`` = [S, z] ``[B, Hkv, F, Dv + 1]``, the
-    sinks' and the cache's bookkeeping and the pending keys of :class:`.state.SparseCache`; ``position``: the next
-    token's; ``sinks`` (the general form's :class:`.state.SinkSet`, its keys and values dropped) for
-    :func:`unpack`."""
+    sinks' and the cache's bookkeeping and the pending keys of :class:`.state.SparseCache` (None without a cache);
+    ``position``: the next token's."""
 
     keys: torch.Tensor
     values: torch.Tensor
     s: torch.Tensor
-    cache_pos: torch.Tensor
-    cache_valid: torch.Tensor
-    pending_keys: torch.Tensor
-    pending_values: torch.Tensor
-    pending_pos: torch.Tensor
-    pending_ok: torch.Tensor
+    cache_pos: torch.Tensor | None
+    cache_valid: torch.Tensor | None
+    pending_keys: torch.Tensor | None
+    pending_values: torch.Tensor | None
+    pending_pos: torch.Tensor | None
+    pending_ok: torch.Tensor | None
     sink_meta: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # pos, valid, real_seen at packing
     num_sinks: int
     ring: int
@@ -55,28 +56,39 @@ class PackedSparseState:
     synced: int  # the pending slots' positions and flags are written for the keys at positions ≤ this
     feature_k: Callable[[torch.Tensor], torch.Tensor]  # φ of keys [B, Hkv, L, D] (the kernel's, position-free)
 
-    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> PackedSparseState:
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> PackedWindowState:
         """The same state with ``fn`` applied to every per-row tensor (beam reorder, batch select)."""
+        def opt(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else fn(t)
+
         meta = None if self.sink_meta is None else tuple(fn(t) for t in self.sink_meta)
         return dataclasses.replace(
-            self, keys=fn(self.keys), values=fn(self.values), s=fn(self.s), cache_pos=fn(self.cache_pos),
-            cache_valid=fn(self.cache_valid), pending_keys=fn(self.pending_keys),
-            pending_values=fn(self.pending_values), pending_ok=fn(self.pending_ok), sink_meta=meta)
+            self, keys=fn(self.keys), values=fn(self.values), s=fn(self.s), cache_pos=opt(self.cache_pos),
+            cache_valid=opt(self.cache_valid), pending_keys=opt(self.pending_keys),
+            pending_values=opt(self.pending_values), pending_ok=opt(self.pending_ok), sink_meta=meta)
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.cache_pos is None else self.cache_pos.shape[-1]
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """What the state holds (the bytes of the decode cache): the same tensors as the general layout's."""
         meta = () if self.sink_meta is None else self.sink_meta
-        return (self.keys, self.values, self.s, self.cache_pos, self.cache_valid, self.pending_keys,
+        held = (self.keys, self.values, self.s, self.cache_pos, self.cache_valid, self.pending_keys,
                 self.pending_values, self.pending_pos, self.pending_ok, *meta)
+        return tuple(t for t in held if t is not None)
 
 
 def can_pack(state: LinearState | None, window_keys: torch.Tensor | None, *, window: int, sinks: int,
-             position: int) -> bool:
+             capacity: int, position: int) -> bool:
     """Whether a general decode state (after ``position`` tokens, all real) can go to the packed layout: the cache
-    full, the window's W - 1 keys kept, every sink filled and out of the next query's window, float32 or float64."""
-    if state is None or state.sparse is None or state.S.dtype not in (torch.float32, torch.float64):
+    (``capacity`` C pairs) full, the window's W - 1 keys kept, every sink filled and out of the next query's window,
+    float32 or float64, no exact heads' growing K/V."""
+    if state is None or state.exact is not None or state.S.dtype not in (torch.float32, torch.float64):
         return False
-    held = [state.sparse.keys, *([] if window_keys is None else [window_keys]),
+    if (state.sparse is None) != (capacity == 0):
+        return False
+    held = [*([] if state.sparse is None else [state.sparse.keys]), *([] if window_keys is None else [window_keys]),
             *([] if state.sinks is None else [state.sinks.keys])]
     if any(t.dtype != state.S.dtype for t in held):  # the buffers keep the dtype (and so the bytes) they had
         return False
@@ -87,11 +99,11 @@ def can_pack(state: LinearState | None, window_keys: torch.Tensor | None, *, win
             return False
         if int(state.sinks.pos.max()) > position - window:
             return False
-    return bool(state.sparse.valid.all())
+    return state.sparse is None or bool(state.sparse.valid.all())
 
 
 def pack(state: LinearState, window_keys: torch.Tensor | None, window_values: torch.Tensor | None,
-         feature_k: Callable[[torch.Tensor], torch.Tensor], *, window: int, position: int) -> PackedSparseState:
+         feature_k: Callable[[torch.Tensor], torch.Tensor], *, window: int, position: int) -> PackedWindowState:
     """The packed layout of a general decode state (:func:`can_pack`) whose window keys are the W - 1 before
     ``position`` in order; ``feature_k`` the kernel's φ of keys."""
     dtype = state.S.dtype
@@ -107,16 +119,19 @@ def pack(state: LinearState, window_keys: torch.Tensor | None, window_values: to
         shift = (position - ring) % ring  # window key i sits at position - ring + i, in slot (that) mod ring
         parts_k.append(window_keys.to(dtype).roll(shift, 2))
         parts_v.append(window_values.to(dtype).roll(shift, 2))
-    parts_k.append(sc.keys.to(dtype))
-    parts_v.append(sc.values.to(dtype))
-    return PackedSparseState(
-        torch.cat(parts_k, 2), torch.cat(parts_v, 2), torch.cat([state.S, state.z.unsqueeze(-1)], -1),
-        sc.pos.clone(), sc.valid.clone(), sc.pending_keys.to(dtype).clone(), sc.pending_values.to(dtype).clone(),
-        sc.pending_pos.clone(), sc.pending_ok.clone(), meta, 0 if state.sinks is None else state.sinks.keys.shape[-2],
-        ring, position, position, position - window, position - window, feature_k)
+    cache: tuple[torch.Tensor | None, ...] = (None,) * 6
+    if sc is not None:
+        parts_k.append(sc.keys.to(dtype))
+        parts_v.append(sc.values.to(dtype))
+        cache = (sc.pos.clone(), sc.valid.clone(), sc.pending_keys.to(dtype).clone(),
+                 sc.pending_values.to(dtype).clone(), sc.pending_pos.clone(), sc.pending_ok.clone())
+    return PackedWindowState(
+        torch.cat(parts_k, 2), torch.cat(parts_v, 2), torch.cat([state.S, state.z.unsqueeze(-1)], -1), *cache, meta,
+        0 if state.sinks is None else state.sinks.keys.shape[-2], ring, position, position, position - window,
+        position - window, feature_k)
 
 
-def unpack(packed: PackedSparseState) -> tuple[LinearState, torch.Tensor | None, torch.Tensor | None]:
+def unpack(packed: PackedWindowState) -> tuple[LinearState, torch.Tensor | None, torch.Tensor | None]:
     """The general state, with the W - 1 window keys and values in position order (None for W = 1)."""
     ns, ring, t = packed.num_sinks, packed.ring, packed.position
     dv = packed.values.shape[-1]
@@ -130,14 +145,16 @@ def unpack(packed: PackedSparseState) -> tuple[LinearState, torch.Tensor | None,
         shift = (t - ring) % ring
         wk = packed.keys[:, :, ns:ns + ring].roll(-shift, 2)
         wv = packed.values[:, :, ns:ns + ring].roll(-shift, 2)
-    c0 = ns + ring
-    _settle_pending(packed, t - 1 - ring)
-    sparse = SparseCache(packed.keys[:, :, c0:], packed.values[:, :, c0:], packed.cache_pos, packed.cache_valid,
-                         packed.pending_keys, packed.pending_values, packed.pending_pos, packed.pending_ok)
+    sparse = None
+    if packed.capacity:
+        c0 = ns + ring
+        _settle_pending(packed, t - 1 - ring)
+        sparse = SparseCache(packed.keys[:, :, c0:], packed.values[:, :, c0:], packed.cache_pos, packed.cache_valid,
+                             packed.pending_keys, packed.pending_values, packed.pending_pos, packed.pending_ok)
     return LinearState(packed.s[..., :dv], packed.s[..., dv], sinks, sparse=sparse), wk, wv
 
 
-def _settle_pending(packed: PackedSparseState, through: int, fold: bool = True) -> None:
+def _settle_pending(packed: PackedWindowState, through: int, fold: bool = True) -> None:
     """Bring the pending slots up to date for the keys that left the window at positions ≤ ``through``: their slots'
     positions and flags (decode steps write only the slots' keys and values; every key since packing was real and no
     sink, a condition of packing) and, with ``fold``, the fold into the state of those a step left out of it (no
@@ -174,7 +191,7 @@ _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 
 
 def decode_step(
-    packed: PackedSparseState,
+    packed: PackedWindowState,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -202,7 +219,8 @@ def decode_step(
     dv = v.shape[-1]
     ring = packed.ring
     c0 = packed.num_sinks + ring
-    if t % block == 0:  # a boundary: the pool is re-chosen before query t is answered
+    cached = packed.capacity > 0
+    if cached and t % block == 0:  # a boundary: the pool is re-chosen before query t is answered
         # the candidates (positions after t - B - W) all wait outside the state, or it takes in those that wait
         waiting = packed.folded <= t - block - 1 - ring
         _settle_pending(packed, t - 1 - ring, fold=not waiting)
@@ -224,17 +242,18 @@ def decode_step(
         far = feature_q(q.unsqueeze(3)).squeeze(3) @ packed.s  # [B, Hkv, G, Dv + 1]
         w = (-lse).exp() if log_mix is None else (log_mix.unsqueeze(-1) - lse).exp()
         out = torch.addcmul(soft, far[..., :dv], w) / (far[..., dv:] * w).add_(1)  # φ ≥ 0: the divisor is ≥ 1
-    # the key leaving the window (position t - W + 1) goes to its pending slot (and, with a feature-map part, into
-    # the state at once); k_t takes its ring slot
+    # the key leaving the window (position t - W + 1) goes to its pending slot (and, with a feature-map part or
+    # without a cache, into the state at once); k_t takes its ring slot
     if ring:
         slot = packed.num_sinks + t % ring
         leaving_k, leaving_v = packed.keys.narrow(2, slot, 1), packed.values.narrow(2, slot, 1)
     else:
         leaving_k, leaving_v = k, v
-    p = (t - ring) % block
-    packed.pending_keys.narrow(2, p, 1).copy_(leaving_k)
-    packed.pending_values.narrow(2, p, 1).copy_(leaving_v)
-    if linear:
+    if cached:
+        p = (t - ring) % block
+        packed.pending_keys.narrow(2, p, 1).copy_(leaving_k)
+        packed.pending_values.narrow(2, p, 1).copy_(leaving_v)
+    if linear or not cached:
         fk = packed.feature_k(leaving_k).transpose(-1, -2)  # [B, Hkv, F, 1]
         packed.s[..., :dv].addcmul_(fk, leaving_v)
         packed.s[..., dv:].add_(fk)
