@@ -32,9 +32,11 @@ def _prefill_then_packed_steps(kern, q, k, v, prefill):
     return torch.cat(outs, 1), packed
 
 
-@pytest.mark.parametrize("name", ["hedgehog", "elu"])
-@pytest.mark.parametrize("window, sinks, heads, capacity", [(5, 2, (), 3), (5, 0, (1, 2), 3), (4, 2, (0, 1, 2, 3), 3),
-                                                             (1, 1, (), 3), (5, 2, (), 0), (6, 0, (), 0)])
+@pytest.mark.parametrize("name, window, sinks, heads, capacity", [
+    *((name, *case) for name in ("hedgehog", "elu") for case in [
+        (5, 2, (), 3), (5, 0, (1, 2), 3), (4, 2, (0, 1, 2, 3), 3), (1, 1, (), 3), (5, 2, (), 0), (6, 0, (), 0)]),
+    ("cosformer", 5, 2, (), 0),  # φ depends on the position: the packed step passes each one
+])
 def test_packed_steps_match_the_brute_force(name, window, sinks, heads, capacity):
     """Outputs of the packed steps (boundaries every 4 positions, GQA, λ per head; some or all heads retrieval heads
     on a budget; a window of one key; no cache: the plain hybrid) and the pairs cached at the end, against the brute
@@ -73,10 +75,9 @@ def test_packed_steps_with_equal_head_sizes_match_the_brute_force(dtype):
 
 
 def test_a_state_is_not_packed_before_its_cache_is_full_or_while_a_sink_can_enter_the_window():
-    """Nor for kernels the packed step cannot serve: a φ that depends on the position (cosformer), exact heads that
-    keep every key."""
-    assert not make("cosformer", window=5, capacity=0, mix=False).decodes_packed
+    """Nor for kernels the packed step cannot serve: exact heads that keep every key, a decay."""
     assert not make(window=5, capacity=0, heads=(1,)).decodes_packed
+    assert not make("gla", window=5, capacity=0, mix=False).decodes_packed
     assert make(window=5, capacity=0).decodes_packed
     kern = make(window=5, sinks=2, capacity=3, block=4)
     q, k, v = inputs(1, 4, 2, 30, seed=7)

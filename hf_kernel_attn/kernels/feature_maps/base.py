@@ -414,10 +414,9 @@ class LinearKernel(Kernel):
     @property
     def decodes_packed(self) -> bool:
         """Whether decode steps can run on the packed layout of :mod:`..linear.window_decode`: a window hybrid
-        without a decay whose φ does not depend on the position (:attr:`supports_sparse_cache`), with or without a
-        sparse cache, and no exact heads that keep every key."""
+        without a decay, with or without a sparse cache, and no exact heads that keep every key."""
         exact_heads = bool(self.options.softmax_heads) and not self.options.sparse_cache
-        return bool(self.window and self.supports_sparse_cache and not self.is_gated and not exact_heads)
+        return bool(self.window and not self.is_gated and not exact_heads)
 
     def can_pack(self, state: LinearState | None, window_keys: torch.Tensor | None, position: int) -> bool:
         """Whether a general decode state after ``position`` real tokens can go to the packed layout."""
@@ -433,8 +432,10 @@ class LinearKernel(Kernel):
         scaling = self.shape.head_dim ** -0.5 if scaling is None else scaling
         zero = torch.zeros(1, device=state.S.device, dtype=torch.long)
 
-        def key_features(keys: torch.Tensor) -> torch.Tensor:  # position-free maps: any position gives the same
-            return self.feature_k(keys.contiguous(), zero.expand(keys.shape[-2]), scaling)
+        def key_features(keys: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+            # positions None: the cache's pairs (a sparse cache needs a position-free map, as in _windowed_sparse)
+            return self.feature_k(keys.contiguous(), zero.expand(keys.shape[-2]) if positions is None else positions,
+                                  scaling)
 
         return window_decode.pack(state, window_keys, window_values, key_features, window=self.window,
                                   position=position)
@@ -457,8 +458,10 @@ class LinearKernel(Kernel):
         linear_part = not (self.linear_branch_off or len(set(heads)) == hq)
         log_mix = self._decode_log_mix(hkv, q.device) if linear_part else None
 
-        def feature_q(x: torch.Tensor) -> torch.Tensor:  # position-free maps: any position gives the same
-            return self.feature_q(x.contiguous(), torch.zeros(1, device=x.device, dtype=torch.long), scaling)
+        self.check_positions(packed.position + 1)
+
+        def feature_q(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return self.feature_q(x.contiguous(), positions, scaling)
 
         out = window_decode.decode_step(
             packed, q.reshape(b, hkv, hq // hkv, d), k, v, feature_q, scaling=scaling, log_mix=log_mix,

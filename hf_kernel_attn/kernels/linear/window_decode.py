@@ -54,7 +54,8 @@ class PackedWindowState:
     packed_at: int
     folded: int  # the state holds every pending key at a position ≤ this (later ones wait for the boundary)
     synced: int  # the pending slots' positions and flags are written for the keys at positions ≤ this
-    feature_k: Callable[[torch.Tensor], torch.Tensor]  # φ of keys [B, Hkv, L, D] (the kernel's, position-free)
+    # φ of keys [B, Hkv, L, D] at positions [L] (None: any, for the cache's pairs, which need a position-free map)
+    feature_k: Callable[..., torch.Tensor]
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> PackedWindowState:
         """The same state with ``fn`` applied to every per-row tensor (beam reorder, batch select)."""
@@ -103,9 +104,9 @@ def can_pack(state: LinearState | None, window_keys: torch.Tensor | None, *, win
 
 
 def pack(state: LinearState, window_keys: torch.Tensor | None, window_values: torch.Tensor | None,
-         feature_k: Callable[[torch.Tensor], torch.Tensor], *, window: int, position: int) -> PackedWindowState:
+         feature_k: Callable[..., torch.Tensor], *, window: int, position: int) -> PackedWindowState:
     """The packed layout of a general decode state (:func:`can_pack`) whose window keys are the W - 1 before
-    ``position`` in order; ``feature_k`` the kernel's φ of keys."""
+    ``position`` in order; ``feature_k(keys, positions=None)`` the kernel's φ of keys."""
     dtype = state.S.dtype
     sc = state.sparse
     ring = window - 1
@@ -195,7 +196,7 @@ def decode_step(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    feature_q: Callable[[torch.Tensor], torch.Tensor],
+    feature_q: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     *,
     scaling: float,
     log_mix: torch.Tensor | None,
@@ -206,7 +207,7 @@ def decode_step(
 ) -> torch.Tensor:
     """The output ``[B, Hkv, G, Dv]`` of query ``q`` ``[B, Hkv, G, D]`` (grouped) at ``packed.position``, with its
     key and value ``k`` / ``v`` ``[B, Hkv, 1, ·]``; ``packed`` is updated in place to the next position.
-    ``feature_q``: φ of ``[B, Hkv, G, 1, D]`` queries (of keys: ``packed.feature_k``; position-free maps);
+    ``feature_q(q, positions)``: φ of ``[B, Hkv, G, 1, D]`` queries (of keys: ``packed.feature_k``);
     ``log_mix`` ln λ ``[Hkv, G]`` or None (λ = 1); ``linear`` False when λ = 0 in every head (no feature-map part:
     the keys leaving the window then wait in their pending slots and join the state at the next boundary, in one
     matmul).
@@ -239,7 +240,8 @@ def decode_step(
         out = F.scaled_dot_product_attention(q, keys, values, scale=scaling)
     else:
         soft, lse = _attend(q, keys, values, scaling)
-        far = feature_q(q.unsqueeze(3)).squeeze(3) @ packed.s  # [B, Hkv, G, Dv + 1]
+        at = torch.full((1,), t, dtype=torch.long, device=q.device)
+        far = feature_q(q.unsqueeze(3), at).squeeze(3) @ packed.s  # [B, Hkv, G, Dv + 1]
         w = (-lse).exp() if log_mix is None else (log_mix.unsqueeze(-1) - lse).exp()
         out = torch.addcmul(soft, far[..., :dv], w) / (far[..., dv:] * w).add_(1)  # φ ≥ 0: the divisor is ≥ 1
     # the key leaving the window (position t - W + 1) goes to its pending slot (and, with a feature-map part or
@@ -254,7 +256,8 @@ def decode_step(
         packed.pending_keys.narrow(2, p, 1).copy_(leaving_k)
         packed.pending_values.narrow(2, p, 1).copy_(leaving_v)
     if linear or not cached:
-        fk = packed.feature_k(leaving_k).transpose(-1, -2)  # [B, Hkv, F, 1]
+        at = torch.full((1,), t - ring, dtype=torch.long, device=k.device)
+        fk = packed.feature_k(leaving_k, at).transpose(-1, -2)  # [B, Hkv, F, 1]
         packed.s[..., :dv].addcmul_(fk, leaving_v)
         packed.s[..., dv:].add_(fk)
         packed.folded = t - ring

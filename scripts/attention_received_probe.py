@@ -1,0 +1,114 @@
+"""Issue 35: would a score from the attention a key receives keep niah's needle in the sparse cache? For each
+prompt (the eval task's own, seed 0, first sample of the cell) and each of the given layers, per KV head: the
+attention every key receives from the queries of its window (the W queries after it; softmax over the sinks and
+the window, as a budgeted retrieval layer computes it without a cache; summed over the KV head's query heads) —
+the H2O-style score (Zhang et al. 2023, "H2O: Heavy-Hitter Oracle"), blind to the question — and the rank of each of
+the needle value's digit tokens among the non-sink keys that left the window before the question. A digit ranked
+below C would be kept by that score with C slots.
+
+    python scripts/attention_received_probe.py --model outputs/rl16-s40-c84-o84 --task niah \
+        --cells 1024@25 2048@50 4096@50 --output docs/results/recall/attention-received-probe-niah.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from hf_kernel_attn.evaluation.long_context import TASKS
+from hf_kernel_attn.evaluation.long_context.niah import NEEDLE as NIAH_NEEDLE
+from hf_kernel_attn.evaluation.long_context.runner import TokenizedText, bos_ids, read_filler_text
+from hf_kernel_attn.evaluation.runner import ModelSpec
+from hf_kernel_attn.integration.transfer import attention_probe
+
+RETRIEVAL16 = [18, 17, 7, 8, 21, 23, 14, 15, 20, 5, 6, 19, 2, 24, 22, 26]
+
+
+def received_in_window(q: torch.Tensor, k: torch.Tensor, scaling: float, window: int, sinks: int,
+                       before: int) -> torch.Tensor:
+    """``[Hkv, N]``: Σ over queries i < ``before`` with j < i < j + W, and over the KV head's query heads, of
+    softmax_{sinks ∪ window(i)}(s q_i·k_j) (``q`` ``[Hq, N, D]``, ``k`` ``[Hkv, N, D]``)."""
+    hq, n, _ = q.shape
+    hkv = k.shape[0]
+    g = hq // hkv
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    visible = (j <= i) & ((i - j < window) | (j < sinks))
+    counted = (j < i) & (i - j < window) & (i < before)
+    out = []
+    for h in range(hkv):
+        weights = ((q[h * g:(h + 1) * g] @ k[h].T) * scaling).masked_fill(~visible, float("-inf")).softmax(-1)
+        out.append((weights * counted).sum((0, 1)))
+    return torch.stack(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--task", default="niah", choices=["passkey", "niah"])
+    p.add_argument("--cells", nargs="+", default=["1024@25", "2048@50"], help="LENGTH@DEPTH")
+    p.add_argument("--layers", type=int, nargs="+", default=RETRIEVAL16)
+    p.add_argument("--window", type=int, default=64)
+    p.add_argument("--sinks", type=int, default=40)
+    p.add_argument("--capacity", type=int, default=84, help="C: a digit ranked below it would be kept")
+    p.add_argument("--question-tokens", type=int, default=40, help="the prompt's last tokens, taken as the question")
+    p.add_argument("--data-dir", default="../shared/data")
+    p.add_argument("--output", default=None)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    model, tok = ModelSpec(args.model, None, None, None, {}).load("causal_lm")
+
+    def encode(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    filler = {}
+    if args.task == "niah":
+        natural = TokenizedText(tok, read_filler_text(args.data_dir, "validation"))
+        filler = {"text_ids": natural.ids, "is_boundary": natural.is_boundary}
+    rows = []
+    for cell in args.cells:
+        length, depth = (int(x) for x in cell.split("@"))
+        sample = TASKS[args.task].samples(encode, length, depth, 1, 0, bos=bos_ids(tok), **filler)[0]
+        key = sample.answers[0]
+        needle = (NIAH_NEEDLE.format(key=sample.extra["key"], value=key) if args.task == "niah" else
+                  f" The pass key is {key}. Remember it. The pass key is {key}.")
+        span = range(sample.needle_start, sample.needle_start + len(encode(needle)))
+        digits = sorted(i for i in span if tok.decode([sample.ids[i]]).strip().isdigit())
+        captured: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = {}
+
+        def keep(layer, q, k, mask, causal, scaling, captured=captured):
+            if layer in args.layers:
+                captured[layer] = (q[0].float(), k[0].float(), scaling)
+
+        ids = torch.tensor([sample.ids])
+        with torch.no_grad(), attention_probe(keep):
+            model(ids, use_cache=False)
+        n = ids.shape[1]
+        before = n - args.question_tokens
+        candidates = torch.arange(args.sinks, before - args.window)
+        ranks, held = {}, {}
+        for layer in args.layers:
+            q, k, scaling = captured[layer]
+            received = received_in_window(q, k, scaling, args.window, args.sinks, before)
+            layer_ranks = []
+            for h in range(received.shape[0]):
+                order = received[h, candidates].argsort(descending=True).tolist()
+                rank = {int(candidates[o]): r for r, o in enumerate(order)}
+                layer_ranks.append([rank.get(d, -1) for d in digits])
+            ranks[layer] = layer_ranks
+            held[layer] = sum(1 for head in layer_ranks for r in head if 0 <= r < args.capacity)
+        row = {"task": args.task, "length": length, "depth": depth, "key": key, "digit_tokens": len(digits),
+               "candidates": len(candidates), "kv_heads": len(ranks[args.layers[0]]),
+               "digit_pairs_in_top_capacity_by_layer": held, "digit_ranks_by_layer": ranks}
+        print(json.dumps({k: v for k, v in row.items() if k != "digit_ranks_by_layer"}), flush=True)
+        rows.append(row)
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump({"model": args.model, "window": args.window, "sinks": args.sinks, "capacity": args.capacity,
+                       "question_tokens": args.question_tokens, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
