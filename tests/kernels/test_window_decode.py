@@ -161,3 +161,16 @@ def test_a_padded_token_after_packed_steps_takes_the_general_form():
             assert all(layer.is_packed for layer in _packed_layers(cache)) == (t < 49)
         want = model(ids, attention_mask=mask, use_cache=False).logits[:, -1:]
     torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_changed_mix_reaches_the_next_packed_step():
+    """λ is worked out once and kept while ``window_log_mix`` is unchanged; an in-place change (an optimizer step,
+    ``load_state_dict``) reaches the next packed step: its output equals the brute force with the new λ."""
+    kern = make(window=5, sinks=2, capacity=3, block=4, heads=(2,))  # λ = 0 in head 2: λ is a new tensor
+    q, k, v = inputs(1, 4, 2, 24, seed=9)
+    _, packed = _prefill_then_packed_steps(kern, q[:, :, :23], k[:, :, :23], v[:, :, :23], 21)
+    with torch.no_grad():
+        kern.window_log_mix.add_(torch.tensor([0.7, -0.4, 0.2, 1.1], dtype=kern.window_log_mix.dtype))
+        got = kern.decode_packed(q[:, :, 23:], k[:, :, 23:], v[:, :, 23:], packed, SCALING)
+    want, _ = brute_force(kern, q, k, v)
+    torch.testing.assert_close(got[:, 0], want[:, 23], rtol=1e-9, atol=1e-10)

@@ -471,9 +471,11 @@ class LinearKernel(Kernel):
 
     def _decode_log_mix(self, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
         """ln λ ``[Hkv, G]`` of the feature-map part (-inf in ``softmax_heads``), or None (λ = 1): worked out again
-        only when ``window_log_mix`` changed (its version counter) or the device did."""
+        only when ``window_log_mix`` changed (in place: its version counter; replaced: its storage or dtype) or the
+        device did."""
         param = getattr(self, "window_log_mix", None)
-        key = (None if param is None else param._version, device, self.linear_branch_off)
+        key = (None if param is None else (param._version, param.data_ptr(), param.dtype), device,
+               self.linear_branch_off)
         memo = getattr(self, "_mix_memo", None)
         if memo is not None and memo[0] == key and (param is None or memo[2] is param):
             return memo[1]
