@@ -75,9 +75,11 @@ def test_packed_steps_with_equal_head_sizes_match_the_brute_force(dtype):
 
 
 def test_a_state_is_not_packed_before_its_cache_is_full_or_while_a_sink_can_enter_the_window():
-    """Nor for kernels the packed step cannot serve: exact heads that keep every key, a decay."""
+    """Nor for kernels the packed step cannot serve: exact heads that keep every key, a decay, a state of the
+    kernel's own (the delta rule)."""
     assert not make(window=5, capacity=0, heads=(1,)).decodes_packed
     assert not make("gla", window=5, capacity=0, mix=False).decodes_packed
+    assert not make("deltanet", window=5, capacity=0, mix=False).decodes_packed
     assert make(window=5, capacity=0).decodes_packed
     kern = make(window=5, sinks=2, capacity=3, block=4)
     q, k, v = inputs(1, 4, 2, 30, seed=7)

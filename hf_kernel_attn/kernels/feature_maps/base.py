@@ -414,9 +414,12 @@ class LinearKernel(Kernel):
     @property
     def decodes_packed(self) -> bool:
         """Whether decode steps can run on the packed layout of :mod:`..linear.window_decode`: a window hybrid
-        without a decay, with or without a sparse cache, and no exact heads that keep every key."""
+        without a decay, with or without a sparse cache, and no exact heads that keep every key, evaluated by this
+        class's forms (a kernel with a state of its own, as the delta rule's, overrides them and is not packed)."""
         exact_heads = bool(self.options.softmax_heads) and not self.options.sparse_cache
-        return bool(self.window and not self.is_gated and not exact_heads)
+        own_forms = (type(self)._feature_map_with_state is LinearKernel._feature_map_with_state
+                     and type(self)._windowed is LinearKernel._windowed)
+        return bool(self.window and not self.is_gated and not exact_heads and own_forms)
 
     def can_pack(self, state: LinearState | None, window_keys: torch.Tensor | None, position: int) -> bool:
         """Whether a general decode state after ``position`` real tokens can go to the packed layout."""
