@@ -1,10 +1,15 @@
-"""Issue 35: would a score from the attention a key receives keep niah's needle in the sparse cache? For each
-prompt (the eval task's own, seed 0, first sample of the cell) and each of the given layers, per KV head: the
-attention every key receives from the queries of its window (the W queries after it; softmax over the sinks and
-the window, as a budgeted retrieval layer computes it without a cache; summed over the KV head's query heads) —
-the H2O-style score (Zhang et al. 2023, "H2O: Heavy-Hitter Oracle"), blind to the question — and the rank of each of
-the needle value's digit tokens among the non-sink keys that left the window before the question. A digit ranked
-below C would be kept by that score with C slots.
+"""Issue 35: would a score from attention keep niah's needle in the sparse cache? For each prompt (the eval task's
+own, seed 0, first sample of the cell) and each of the given layers, per KV head, a score of every key, blind to
+the question, and the rank of each of the needle value's digit tokens among the non-sink keys that left the window
+before the question (a digit ranked below C would be kept by that score with C slots). Attention is softmax over
+the sinks and the window, as a budgeted retrieval layer computes it without a cache, summed over the KV head's
+query heads. ``--score``:
+
+* ``received``: the attention each key receives from the W queries after it, while in their window (H2O-style:
+  Zhang et al. 2023, "H2O: Heavy-Hitter Oracle");
+* ``instruction``: the attention the key's own query puts on the prompt's opening instruction (the sinks from
+  ``--instruction-from`` on, past the first tokens that every query attends to): a token that refers to what the
+  opening asks to remember.
 
     python scripts/attention_received_probe.py --model outputs/rl16-s40-c84-o84 --task niah \
         --cells 1024@25 2048@50 4096@50 --output docs/results/recall/attention-received-probe-niah.json
@@ -44,10 +49,29 @@ def received_in_window(q: torch.Tensor, k: torch.Tensor, scaling: float, window:
     return torch.stack(out)
 
 
+def on_instruction(q: torch.Tensor, k: torch.Tensor, scaling: float, window: int, sinks: int,
+                   start: int) -> torch.Tensor:
+    """``[Hkv, N]``: Σ over the KV head's query heads of the softmax_{sinks ∪ window(j)} weight query j puts on the
+    sinks ``start`` … S - 1."""
+    hq, n, _ = q.shape
+    hkv = k.shape[0]
+    g = hq // hkv
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    visible = (j <= i) & ((i - j < window) | (j < sinks))
+    out = []
+    for h in range(hkv):
+        weights = ((q[h * g:(h + 1) * g] @ k[h].T) * scaling).masked_fill(~visible, float("-inf")).softmax(-1)
+        out.append(weights[:, :, start:sinks].sum((0, 2)))
+    return torch.stack(out)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
     p.add_argument("--task", default="niah", choices=["passkey", "niah"])
+    p.add_argument("--score", default="received", choices=["received", "instruction"])
+    p.add_argument("--instruction-from", type=int, default=4, help="instruction score: the first sink counted")
     p.add_argument("--cells", nargs="+", default=["1024@25", "2048@50"], help="LENGTH@DEPTH")
     p.add_argument("--layers", type=int, nargs="+", default=RETRIEVAL16)
     p.add_argument("--window", type=int, default=64)
@@ -91,7 +115,8 @@ def main() -> None:
         ranks, held = {}, {}
         for layer in args.layers:
             q, k, scaling = captured[layer]
-            received = received_in_window(q, k, scaling, args.window, args.sinks, before)
+            received = (received_in_window(q, k, scaling, args.window, args.sinks, before) if args.score == "received"
+                        else on_instruction(q, k, scaling, args.window, args.sinks, args.instruction_from))
             layer_ranks = []
             for h in range(received.shape[0]):
                 order = received[h, candidates].argsort(descending=True).tolist()
@@ -106,7 +131,8 @@ def main() -> None:
         rows.append(row)
     if args.output:
         with open(args.output, "w") as f:
-            json.dump({"model": args.model, "window": args.window, "sinks": args.sinks, "capacity": args.capacity,
+            json.dump({"model": args.model, "score": args.score, "instruction_from": args.instruction_from,
+                       "window": args.window, "sinks": args.sinks, "capacity": args.capacity,
                        "question_tokens": args.question_tokens, "rows": rows}, f, indent=1)
 
 
