@@ -22,48 +22,42 @@ import json
 
 import torch
 
-from hf_kernel_attn.evaluation.long_context import TASKS
-from hf_kernel_attn.evaluation.long_context.niah import NEEDLE as NIAH_NEEDLE
-from hf_kernel_attn.evaluation.long_context.runner import TokenizedText, bos_ids, read_filler_text
+from hf_kernel_attn.evaluation.long_context.needles import probe_prompts
 from hf_kernel_attn.evaluation.runner import ModelSpec
 from hf_kernel_attn.integration.transfer import attention_probe
 
 RETRIEVAL16 = [18, 17, 7, 8, 21, 23, 14, 15, 20, 5, 6, 19, 2, 24, 22, 26]
 
 
-def received_in_window(q: torch.Tensor, k: torch.Tensor, scaling: float, window: int, sinks: int,
-                       before: int) -> torch.Tensor:
-    """``[Hkv, N]``: Σ over queries i < ``before`` with j < i < j + W, and over the KV head's query heads, of
-    softmax_{sinks ∪ window(i)}(s q_i·k_j) (``q`` ``[Hq, N, D]``, ``k`` ``[Hkv, N, D]``)."""
+def window_weights(q: torch.Tensor, k: torch.Tensor, scaling: float, window: int, sinks: int):
+    """Per KV head, ``[G, N, N]``: softmax_{sinks ∪ window(i)}(s q_i·k_j) of its G query heads (``q`` ``[Hq, N, D]``,
+    ``k`` ``[Hkv, N, D]``)."""
     hq, n, _ = q.shape
     hkv = k.shape[0]
     g = hq // hkv
     i = torch.arange(n)[:, None]
     j = torch.arange(n)[None, :]
     visible = (j <= i) & ((i - j < window) | (j < sinks))
-    counted = (j < i) & (i - j < window) & (i < before)
-    out = []
     for h in range(hkv):
-        weights = ((q[h * g:(h + 1) * g] @ k[h].T) * scaling).masked_fill(~visible, float("-inf")).softmax(-1)
-        out.append((weights * counted).sum((0, 1)))
-    return torch.stack(out)
+        yield ((q[h * g:(h + 1) * g] @ k[h].T) * scaling).masked_fill(~visible, float("-inf")).softmax(-1)
+
+
+def received_in_window(q: torch.Tensor, k: torch.Tensor, scaling: float, window: int, sinks: int,
+                       before: int) -> torch.Tensor:
+    """``[Hkv, N]``: Σ over queries i < ``before`` with j < i < j + W, and over the KV head's query heads, of
+    the window weight of key j."""
+    n = q.shape[1]
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    counted = (j < i) & (i - j < window) & (i < before)
+    return torch.stack([(w * counted).sum((0, 1)) for w in window_weights(q, k, scaling, window, sinks)])
 
 
 def on_instruction(q: torch.Tensor, k: torch.Tensor, scaling: float, window: int, sinks: int,
                    start: int) -> torch.Tensor:
-    """``[Hkv, N]``: Σ over the KV head's query heads of the softmax_{sinks ∪ window(j)} weight query j puts on the
-    sinks ``start`` … S - 1."""
-    hq, n, _ = q.shape
-    hkv = k.shape[0]
-    g = hq // hkv
-    i = torch.arange(n)[:, None]
-    j = torch.arange(n)[None, :]
-    visible = (j <= i) & ((i - j < window) | (j < sinks))
-    out = []
-    for h in range(hkv):
-        weights = ((q[h * g:(h + 1) * g] @ k[h].T) * scaling).masked_fill(~visible, float("-inf")).softmax(-1)
-        out.append(weights[:, :, start:sinks].sum((0, 2)))
-    return torch.stack(out)
+    """``[Hkv, N]``: Σ over the KV head's query heads of the window weight query j puts on the sinks
+    ``start`` … S - 1."""
+    return torch.stack([w[:, :, start:sinks].sum((0, 2)) for w in window_weights(q, k, scaling, window, sinks)])
 
 
 def main() -> None:
@@ -84,22 +78,13 @@ def main() -> None:
     torch.set_num_threads(1)
     model, tok = ModelSpec(args.model, None, None, None, {}).load("causal_lm")
 
-    def encode(text: str) -> list[int]:
-        return tok(text, add_special_tokens=False)["input_ids"]
-
-    filler = {}
-    if args.task == "niah":
-        natural = TokenizedText(tok, read_filler_text(args.data_dir, "validation"))
-        filler = {"text_ids": natural.ids, "is_boundary": natural.is_boundary}
+    prompt = probe_prompts(args.task, tok, args.data_dir)
     rows = []
     for cell in args.cells:
         length, depth = (int(x) for x in cell.split("@"))
-        sample = TASKS[args.task].samples(encode, length, depth, 1, 0, bos=bos_ids(tok), **filler)[0]
+        sample, _, digit_set = prompt(length, depth)
         key = sample.answers[0]
-        needle = (NIAH_NEEDLE.format(key=sample.extra["key"], value=key) if args.task == "niah" else
-                  f" The pass key is {key}. Remember it. The pass key is {key}.")
-        span = range(sample.needle_start, sample.needle_start + len(encode(needle)))
-        digits = sorted(i for i in span if tok.decode([sample.ids[i]]).strip().isdigit())
+        digits = sorted(digit_set)
         captured: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = {}
 
         def keep(layer, q, k, mask, causal, scaling, captured=captured):

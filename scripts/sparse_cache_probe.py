@@ -16,9 +16,7 @@ import json
 
 import torch
 
-from hf_kernel_attn.evaluation.long_context import TASKS
-from hf_kernel_attn.evaluation.long_context.niah import NEEDLE as NIAH_NEEDLE
-from hf_kernel_attn.evaluation.long_context.runner import TokenizedText, bos_ids, read_filler_text
+from hf_kernel_attn.evaluation.long_context.needles import probe_prompts
 from hf_kernel_attn.evaluation.runner import ModelSpec
 from hf_kernel_attn.integration.branches import hybrid_layers, linear_branch_off
 from hf_kernel_attn.integration.cache import new_cache
@@ -45,24 +43,14 @@ def main() -> None:
     for i in args.linear_off_layers:
         layers[i].linear_branch_off = True
 
-    def encode(text: str) -> list[int]:
-        return tok(text, add_special_tokens=False)["input_ids"]
-
-    filler = {}
-    if args.task == "niah":
-        natural = TokenizedText(tok, read_filler_text(args.data_dir, "validation"))
-        filler = {"text_ids": natural.ids, "is_boundary": natural.is_boundary}
+    prompt = probe_prompts(args.task, tok, args.data_dir)
     rows = []
     for cell in args.cells:
         where, _, index = cell.partition("#")
         length, depth = (int(x) for x in where.split("@"))
         index = int(index or 0)
-        sample = TASKS[args.task].samples(encode, length, depth, index + 1, 0, bos=bos_ids(tok), **filler)[index]
+        sample, span, digits = prompt(length, depth, index)
         key = sample.answers[0]
-        needle = (NIAH_NEEDLE.format(key=sample.extra["key"], value=key) if args.task == "niah" else
-                  f" The pass key is {key}. Remember it. The pass key is {key}.")
-        span = range(sample.needle_start, sample.needle_start + len(encode(needle)))
-        digits = {i for i in span if tok.decode([sample.ids[i]]).strip().isdigit()}
         ids = torch.tensor([sample.ids])
         cache = new_cache(model)
         with torch.no_grad():

@@ -51,6 +51,24 @@ def _enter_module_kwargs(layer: DynamicLayer, key_states: torch.Tensor, update_k
     module_kwargs[name] = layer
 
 
+class _GeneralLayout:
+    """An attribute of :class:`RecurrentStateLayer` in the general layout (stored under ``name``): reading or writing
+    it first unpacks a packed state."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, layer: RecurrentStateLayer | None, owner: type) -> Any:
+        if layer is None:
+            return self
+        layer._unpack()
+        return getattr(layer, self.name)
+
+    def __set__(self, layer: RecurrentStateLayer, value: Any) -> None:
+        layer._unpack()
+        setattr(layer, self.name, value)
+
+
 class RecurrentStateLayer(DynamicLayer):
     """One linear-kernel layer's recurrent state (fp32, or fp64 for fp64 inputs; on the keys' device)."""
 
@@ -79,35 +97,10 @@ class RecurrentStateLayer(DynamicLayer):
             self._state, self._window_keys, self._window_values = unpack(self._packed)
             self._packed = None
 
-    @property
-    def state(self) -> LinearState | None:
-        self._unpack()
-        return self._state
-
-    @state.setter
-    def state(self, value: LinearState | None) -> None:
-        self._unpack()
-        self._state = value
-
-    @property
-    def window_keys(self) -> torch.Tensor | None:
-        self._unpack()
-        return self._window_keys
-
-    @window_keys.setter
-    def window_keys(self, value: torch.Tensor | None) -> None:
-        self._unpack()
-        self._window_keys = value
-
-    @property
-    def window_values(self) -> torch.Tensor | None:
-        self._unpack()
-        return self._window_values
-
-    @window_values.setter
-    def window_values(self, value: torch.Tensor | None) -> None:
-        self._unpack()
-        self._window_values = value
+    # the general layout, as readers and the synthetic-cache writer expect it (a packed state is unpacked first)
+    state = _GeneralLayout("_state")
+    window_keys = _GeneralLayout("_window_keys")
+    window_values = _GeneralLayout("_window_values")
 
     @property
     def is_packed(self) -> bool:

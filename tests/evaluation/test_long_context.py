@@ -13,6 +13,8 @@ import torch
 
 from hf_kernel_attn.evaluation.long_context import TASKS
 from hf_kernel_attn.evaluation.long_context.base import exact_match, first_number, needle_index, rng_for
+from hf_kernel_attn.evaluation.long_context.needles import probe_prompts
+from hf_kernel_attn.evaluation.long_context.niah import NEEDLE as NIAH_NEEDLE
 from hf_kernel_attn.evaluation.long_context.passkey import FILLER, NEEDLE
 from hf_kernel_attn.evaluation.long_context.position_loss import buckets
 from hf_kernel_attn.evaluation.long_context.runner import (
@@ -104,8 +106,6 @@ def test_passkey_depth_is_validated(encode):
 @pytest.mark.parametrize("metric", ["exact_match", "exact_match_multikey"])
 @pytest.mark.parametrize("depth", [0, 50, 100])
 def test_niah_needles(encode, smollm2_tok, wiki, metric, depth):
-    from hf_kernel_attn.evaluation.long_context.niah import NEEDLE as NIAH_NEEDLE
-
     cells = TASKS["niah"].samples(encode, 1024, depth, 3, seed=1, metric=metric, text_ids=wiki.ids,
                                   is_boundary=wiki.is_boundary)
     for s in cells:
@@ -288,3 +288,20 @@ def test_decode_bench_kernel_specs():
     assert parse_kernel_spec("elu") == ("elu", {})
     with pytest.raises(ValueError, match="expected name:key=value"):
         parse_kernel_spec("softmax:window")
+
+
+@pytest.mark.parametrize("task", ["passkey", "niah"])
+def test_probe_prompts_locate_the_asked_needle_and_its_digits(smollm2_tok, encode, task):
+    """The probes' prompt of a cell is the eval's own (seed 0, here its second sample), the span they report is where
+    a brute-force search finds the asked needle's tokens, and its digit tokens spell the answer."""
+    sample, span, digits = probe_prompts(task, smollm2_tok, DATA)(1024, 50, 1)
+    if task == "passkey":
+        assert sample.ids == TASKS["passkey"].samples(encode, 1024, 50, 2, 0, bos=bos_ids(smollm2_tok))[1].ids
+        needle = encode(NEEDLE.format(key=sample.answers[0]))
+    else:
+        needle = encode(NIAH_NEEDLE.format(key=sample.extra["key"], value=sample.answers[0]))
+    assert find_sub(sample.ids, needle) == [span.start] and len(span) == len(needle)
+    spelled = "".join(smollm2_tok.decode([sample.ids[i]]).strip() for i in sorted(digits))
+    assert spelled == sample.answers[0] * (2 if task == "passkey" else 1)  # the passkey is stated twice
+    with pytest.raises(ValueError, match="kv_recall"):
+        probe_prompts("kv_recall", smollm2_tok)

@@ -386,12 +386,7 @@ class LinearKernel(Kernel):
                              "window); use sparse_cache=0 for bidirectional attention")
         hkv = k.shape[1]
         gq = group_queries(q, hkv)
-        heads = self.options.softmax_heads
-        if heads:  # bounded retrieval heads: no linear part, the window, sinks and cached pairs alone
-            off = torch.zeros(q.shape[1], device=q.device)
-            off[heads] = float("-inf")
-            off = off.view(hkv, -1)
-            log_mix = off if log_mix is None else log_mix + off
+        log_mix = self._budgeted_heads_off(log_mix, hkv, q.device)
         raw, top = hybrid_attention(gq, k, v, fq, fk, window=self.window, scaling=scaling, causal=True,
                                     key_mask=key_mask, state=state, log_mix=log_mix, chunk_size=self.options.chunk_size,
                                     sinks=sinks, offset=offset, raw=True, blocked=not self._needs_grad(q, k, v, state))
@@ -410,6 +405,18 @@ class LinearKernel(Kernel):
             scaling=scaling, offset=offset, mix=None if log_mix is None else log_mix.exp(), eps=self.options.eps)
         dv = v.shape[-1]
         return ungroup_output(out).to(q.dtype), linear.LinearState(s[..., :dv], s[..., dv], sinks, sparse=cache)
+
+    def _budgeted_heads_off(self, log_mix: torch.Tensor | None, num_kv_heads: int,
+                            device: torch.device) -> torch.Tensor | None:
+        """ln λ ``[Hkv, G]`` with -inf in the ``softmax_heads``: with a sparse cache they are retrieval heads on a
+        budget (no linear part; the window, sinks and cached pairs alone)."""
+        heads = self.options.softmax_heads
+        if not heads:
+            return log_mix
+        off = torch.zeros(self.shape.num_heads, device=device)
+        off[heads] = float("-inf")
+        off = off.view(num_kv_heads, -1)
+        return off if log_mix is None else log_mix + off
 
     @property
     def decodes_packed(self) -> bool:
@@ -468,8 +475,7 @@ class LinearKernel(Kernel):
 
         out = window_decode.decode_step(
             packed, q.reshape(b, hkv, hq // hkv, d), k, v, feature_q, scaling=scaling, log_mix=log_mix,
-            linear=linear_part, block=self.options.sparse_block, capacity=self.options.sparse_cache,
-            eps=self.options.eps)
+            linear=linear_part, block=self.options.sparse_block, eps=self.options.eps)
         return out.reshape(b, 1, hq, dv).to(q.dtype)
 
     def _decode_log_mix(self, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
@@ -483,11 +489,8 @@ class LinearKernel(Kernel):
         if memo is not None and memo[0] == key and (param is None or memo[2] is param):
             return memo[1]
         log_mix = self.branch_log_mix(num_kv_heads, device)
-        heads = self.options.softmax_heads
-        if heads:
-            off = torch.zeros(self.shape.num_heads, device=device)
-            off[heads] = float("-inf")
-            log_mix = off.view(num_kv_heads, -1) if log_mix is None else log_mix + off.view(num_kv_heads, -1)
+        if self.options.sparse_cache:
+            log_mix = self._budgeted_heads_off(log_mix, num_kv_heads, device)
         log_mix = None if log_mix is None else log_mix.detach()
         self._mix_memo = (key, log_mix, param)
         return log_mix

@@ -202,7 +202,6 @@ def decode_step(
     log_mix: torch.Tensor | None,
     linear: bool,
     block: int,
-    capacity: int,
     eps: float,
 ) -> torch.Tensor:
     """The output ``[B, Hkv, G, Dv]`` of query ``q`` ``[B, Hkv, G, D]`` (grouped) at ``packed.position``, with its
@@ -220,8 +219,8 @@ def decode_step(
     dv = v.shape[-1]
     ring = packed.ring
     c0 = packed.num_sinks + ring
-    cached = packed.capacity > 0
-    if cached and t % block == 0:  # a boundary: the pool is re-chosen before query t is answered
+    capacity = packed.capacity
+    if capacity and t % block == 0:  # a boundary: the pool is re-chosen before query t is answered
         # the candidates (positions after t - B - W) all wait outside the state, or it takes in those that wait
         waiting = packed.folded <= t - block - 1 - ring
         _settle_pending(packed, t - 1 - ring, fold=not waiting)
@@ -251,11 +250,11 @@ def decode_step(
         leaving_k, leaving_v = packed.keys.narrow(2, slot, 1), packed.values.narrow(2, slot, 1)
     else:
         leaving_k, leaving_v = k, v
-    if cached:
+    if capacity:
         p = (t - ring) % block
         packed.pending_keys.narrow(2, p, 1).copy_(leaving_k)
         packed.pending_values.narrow(2, p, 1).copy_(leaving_v)
-    if linear or not cached:
+    if linear or not capacity:
         at = torch.full((1,), t - ring, dtype=torch.long, device=k.device)
         fk = packed.feature_k(leaving_k, at).transpose(-1, -2)  # [B, Hkv, F, 1]
         packed.s[..., :dv].addcmul_(fk, leaving_v)
