@@ -238,6 +238,9 @@ def _is_num(x: Any, low: float = 0.0) -> bool:
 
 
 def validate(config: dict[str, Any]) -> None:
+    """Check every key's type and range that the config alone decides (raises :class:`ConfigError`). What depends on
+    the model -- layer indices against its layer count, kernel options against each layer's heads and size -- is
+    checked when the run loads it, before anything is written (:func:`.model_setup.check_against_model`)."""
     for key in REQUIRED:
         _check(config.get(key) not in (None, ""), f"config key {key!r} is required")
     _check(config["task"] in TASK_TYPES, f"task must be one of {sorted(TASK_TYPES)}, got {config['task']!r}")
@@ -298,6 +301,7 @@ def validate(config: dict[str, Any]) -> None:
         if isinstance(idx, str) and idx.isdigit():  # a --set override's key
             layer_options[int(idx)] = layer_options.pop(idx)
             idx = int(idx)
+        # below the model's layer count: checked when it loads
         _check(_is_int(idx, 0), f"inference_layers: keys are layer indices (integers >= 0), got {idx!r}")
         _check(isinstance(options, dict), f"inference_layers.{idx} must be a mapping of kernel options, got "
                f"{options!r}")

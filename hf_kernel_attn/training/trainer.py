@@ -27,6 +27,7 @@ batch_size b/P follow the same trajectory as one process with batch_size b. ``sh
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -168,10 +169,16 @@ class Trainer:
     # ---------------------------------------------------------------- main loop
     def run(self) -> Path:
         cfg, ctx = self.config, self.context
-        self.folder.prepare(self.resume)
-        check_training_data(cfg, glue_rows=not self.task.language_model)  # before the model loads
-        self.setup.load()
-        self._load_data()
+        created = _new_folder(self.out)
+        try:  # until the run's first write (folder.start): a failure leaves no folder this run created
+            self.folder.prepare(self.resume)
+            check_training_data(cfg, glue_rows=not self.task.language_model)  # before the model loads
+            self.setup.load()  # every layer index and kernel option checked against the model, then patched
+            self._load_data()
+        except Exception:
+            if created is not None and self.main:
+                shutil.rmtree(created, ignore_errors=True)
+            raise
         state, resume_from = self.folder.start(self.resume, self.world, cfg)
         self.accelerator.init_trackers("tensorboard")
         self.task.before_training()
@@ -359,6 +366,14 @@ def _unwrap(accelerator, net: torch.nn.Module) -> torch.nn.Module:
         else:
             model.forward = original
     return model
+
+
+def _new_folder(path: Path) -> Path | None:
+    """The outermost folder on the way to ``path`` that does not exist yet (None: ``path`` exists)."""
+    path, new = path.absolute(), None
+    while not path.exists() and path != path.parent:
+        new, path = path, path.parent
+    return new
 
 
 def finetune(config: dict[str, Any], resume: bool = False) -> Path:
