@@ -313,7 +313,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     if argv[:1] == ["lm-eval"]:  # lm-eval's own command line parses the rest
-        return COMMANDS["lm-eval"](argv[1:], prog=f"{PROG} lm-eval")
+        try:
+            return COMMANDS["lm-eval"](argv[1:], prog=f"{PROG} lm-eval")
+        except ModelLoadError as exc:  # our model type's load failed (lm-eval's own errors keep lm-eval's form)
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if argv[:1] == ["bench"]:  # the benchmark's parser (hf_kernel_attn.speed.kernel_bench_cli) parses the rest
         return COMMANDS["bench"](argv[1:], prog=f"{PROG} bench")
     args = build_parser().parse_args(argv)

@@ -22,7 +22,7 @@ from typing import Any
 
 import hf_kernel_attn
 
-from ..model_paths import PKG_PREFIX, resolve_package_path
+from ..model_paths import PKG_PREFIX, load_errors, resolve_package_path
 from .families.lm_eval import CONVERTERS, lm_eval_task_names, local_rows, local_task_dir, run_lm_eval_tasks
 
 __all__ = ["local_rows", "local_task_args", "local_task_dir", "register_model", "run_lm_eval_tasks"]
@@ -58,21 +58,24 @@ def register_model() -> None:
         def __init__(self, pretrained: Any, kernel: str | None = None, layers: Any = None,
                      kernel_params: Any = None, gguf_file: str | None = None, **kwargs: Any) -> None:
             if isinstance(pretrained, str):
+                name = pretrained
                 if pretrained.startswith(PKG_PREFIX):
                     pretrained = resolve_package_path(pretrained)
                 params = json.loads(kernel_params) if isinstance(kernel_params, str) else dict(kernel_params or {})
                 load = {"gguf_file": gguf_file} if gguf_file else {}
-                if kernel:
-                    model = hf_kernel_attn.from_pretrained(pretrained, kernel=kernel, layers=_parse_layers(layers),
-                                                           kernel_params=params, **load)
-                else:
-                    from transformers import AutoModelForCausalLM
+                with load_errors(name, gguf_file):  # a damaged checkpoint: one line naming the file
+                    if kernel:
+                        model = hf_kernel_attn.from_pretrained(pretrained, kernel=kernel,
+                                                               layers=_parse_layers(layers), kernel_params=params,
+                                                               **load)
+                    else:
+                        from transformers import AutoModelForCausalLM
 
-                    model = AutoModelForCausalLM.from_pretrained(pretrained, **load)
-                if "tokenizer" not in kwargs:
-                    from transformers import AutoTokenizer
+                        model = AutoModelForCausalLM.from_pretrained(pretrained, **load)
+                    if "tokenizer" not in kwargs:
+                        from transformers import AutoTokenizer
 
-                    kwargs["tokenizer"] = AutoTokenizer.from_pretrained(pretrained, **load)
+                        kwargs["tokenizer"] = AutoTokenizer.from_pretrained(pretrained, **load)
                 pretrained = model.eval()
             super().__init__(pretrained=pretrained, **kwargs)
 

@@ -6,7 +6,10 @@ cell finished, and atomically (the whole file is rewritten into a temporary file
 over the old one), so a sweep killed at any moment, or a full disk, leaves either the old or the new
 file, never a half-written cell; a re-run skips every cell that already has records. A cell that fails
 (e.g. its data file is missing) is written to ``errors.jsonl`` and shown as such; it is retried only
-with ``--retry-errors``.
+with ``--retry-errors``. A damaged checkpoint is no cell's failure: a model folder whose files are truncated or
+not what they claim to be stops the sweep before it starts, and one whose tensors turn out, as it loads, to have
+other shapes than its config.json gives stops it then (rows already running in worker processes finish and are
+kept); either is one ``error:`` line naming the file, and a re-run, once the checkpoint is fixed, goes on.
 
 Config (every key can be overridden on the command line: ``--set KEY=VALUE``, a dotted key whose integer parts
 index lists, e.g. ``--set limit=1 --set models.2.finetune_set=[max_steps=2]``)::
@@ -73,6 +76,7 @@ from ..evaluation.task import TaskMap, find_task, main_metric
 from ..evaluation.tasks import check_split, check_tasks
 from ..fileio import append_jsonl_atomic, read_jsonl, write_text_atomic
 from ..kernels import KERNELS, SOFTMAX, import_modules, is_softmax
+from ..model_paths import CorruptCheckpointError, check_checkpoint
 from ..speed.model_bench import bench_models, load_models
 from ..training import finetune, load_config
 from .chance import LOWER_IS_BETTER, at_chance, chance_level
@@ -89,6 +93,7 @@ _TOP_KEYS = {"imports", "output_dir", "data_dir", "split", "context", "batch_siz
              "depths", "samples", "seed", "speed", "jobs"}
 _SPEED_KEYS = {"length": 512, "repeats": 3}  # the interleaved benchmark behind the speed plot (speed.jsonl)
 HEARTBEAT_SECONDS = 30.0  # every phase prints at least this often: a heartbeat while one step runs long
+DAMAGED = "damaged"  # what a worker returns, besides its cells and errors, for a row whose checkpoint is damaged
 
 
 def _duration(seconds: float) -> str:
@@ -252,7 +257,20 @@ def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None
             raise ValueError(f"leaderboard model {m['name']!r}: {str(exc).replace('--', '')}") from None
         if isinstance(m["model"], str) and m["model"].startswith("pkg:"):
             m["model"] = resolve_package_path(m["model"])
+        _check_model_files(m)
     return cfg
+
+
+def _check_model_files(m: dict[str, Any]) -> None:
+    """Before the sweep: the files of a model entry's local checkpoint folder are whole (model_paths'
+    :func:`~hf_kernel_attn.model_paths.check_checkpoint`); a CorruptCheckpointError naming the entry and the file."""
+    folder = Path(os.path.expanduser(str(m["model"])))
+    if m.get("gguf_file") or not folder.is_dir():
+        return
+    try:
+        check_checkpoint(str(m["model"]), folder)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"leaderboard model {m['name']!r}: {exc}") from None
 
 
 def _limit(cfg: dict[str, Any], task: str) -> int | None:
@@ -318,12 +336,14 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
             errors.append(payload)
             print(f"{m['name']} {kernel} {payload['task']}: failed: {payload['error']}", flush=True)
 
-    if cfg["jobs"] < 2 or len(rows) < 2:
-        for m, kernel, todo in rows:
-            _evaluate_row(cfg, m, kernel, todo, emit)
-    else:
-        _evaluate_rows_in_workers(cfg, rows, emit)
-    write_text_atomic(errors_path, "".join(json.dumps(e) + "\n" for e in errors))
+    try:  # a damaged checkpoint stops the sweep (CorruptCheckpointError); the cells so far are kept
+        if cfg["jobs"] < 2 or len(rows) < 2:
+            for m, kernel, todo in rows:
+                _evaluate_row(cfg, m, kernel, todo, emit)
+        else:
+            _evaluate_rows_in_workers(cfg, rows, emit)
+    finally:
+        write_text_atomic(errors_path, "".join(json.dumps(e) + "\n" for e in errors))
     if cfg.get("speed"):
         _speed(cfg, out / SPEED_FILE)
     table = render(cfg, read_jsonl(results_path), errors)
@@ -337,7 +357,9 @@ def _converts(m: dict[str, Any], kernel: str) -> bool:
 
 def _evaluate_row(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: list[str], emit) -> None:
     """One (model, kernel) row: its conversion first where the entry says ``finetune``, then each pending task;
-    ``emit("cell", m, kernel, records)`` per finished task, ``emit("error", m, kernel, error)`` per failed one."""
+    ``emit("cell", m, kernel, records)`` per finished task, ``emit("error", m, kernel, error)`` per failed one. A
+    checkpoint that turns out damaged as it loads raises CorruptCheckpointError, naming the entry: no cell's
+    failure, it stops the sweep."""
     def error(task: str, exc: Exception, trace: bool = True) -> dict[str, Any]:
         return {"model_name": m["name"], "kernel_row": kernel, "task": task, "split": cfg["split"],
                 "error": repr(exc), **({"traceback": traceback.format_exc(limit=3)} if trace else {})}
@@ -370,6 +392,8 @@ def _evaluate_row(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: lis
                                    batch_size=cfg["batch_size"], context=cfg["context"],
                                    lengths=m.get("lengths", cfg["lengths"]), depths=m.get("depths", cfg["depths"]),
                                    samples=m.get("samples", cfg["samples"]), seed=cfg["seed"], models=models)
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(f"leaderboard model {m['name']!r}: {exc}") from None
         except Exception as exc:
             emit("error", m, kernel, error(task, exc))
             continue
@@ -382,7 +406,8 @@ def _evaluate_row(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: lis
 def _row_in_worker(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: list[str],
                    threads: int) -> list[tuple[str, Any]]:
     """:func:`_evaluate_row` in a spawned worker (it imports the user's kernel modules itself); returns what it
-    emitted, for the main process to write."""
+    emitted, for the main process to write, and last, where the row's checkpoint turned out damaged,
+    ``("damaged", message)`` (its one line, not the worker's traceback)."""
     import sys
 
     for stream in (sys.stdout, sys.stderr):  # the worker shares the terminal: each line as it is printed, even
@@ -392,7 +417,10 @@ def _row_in_worker(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: li
     torch.set_num_threads(threads)
     print(f"{m['name']} {kernel}: row started in worker process {os.getpid()} ({threads} thread(s))", flush=True)
     out: list[tuple[str, Any]] = []
-    _evaluate_row(cfg, m, kernel, todo, lambda kind, _m, _k, payload: out.append((kind, payload)))
+    try:
+        _evaluate_row(cfg, m, kernel, todo, lambda kind, _m, _k, payload: out.append((kind, payload)))
+    except CorruptCheckpointError as exc:
+        out.append((DAMAGED, str(exc)))
     return out
 
 
@@ -412,7 +440,9 @@ def _die_with_parent(parent: int) -> None:
 
 def _evaluate_rows_in_workers(cfg: dict[str, Any], rows: list[tuple[dict, str, list[str]]], emit) -> None:
     """Rows in ``jobs`` spawned processes, the conversions first (the longest), each worker on its share of
-    the cores; only this process writes results, a row at a time as its worker finishes it."""
+    the cores; only this process writes results, a row at a time as its worker finishes it. A row whose
+    checkpoint turned out damaged cancels the rows not started; the running ones finish and are written, then its
+    CorruptCheckpointError is raised here."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -423,15 +453,25 @@ def _evaluate_rows_in_workers(cfg: dict[str, Any], rows: list[tuple[dict, str, l
                                                 initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(_row_in_worker, cfg, m, kernel, todo, max(1, cores // jobs)): (m, kernel, todo)
                    for m, kernel, todo in rows}
+        damaged: str | None = None
         for future in concurrent.futures.as_completed(futures):
             m, kernel, todo = futures[future]
+            if future.cancelled():
+                continue
             try:
                 emitted = future.result()
             except Exception as exc:  # the worker died (e.g. out of memory): the row's cells are errors
                 emitted = [("error", {"model_name": m["name"], "kernel_row": kernel, "task": t, "split": cfg["split"],
                                       "error": f"worker process failed: {exc!r}"}) for t in todo]
             for kind, payload in emitted:
-                emit(kind, m, kernel, payload)
+                if kind == DAMAGED:
+                    damaged = damaged or payload
+                    for other in futures:
+                        other.cancel()  # only those not started yet
+                else:
+                    emit(kind, m, kernel, payload)
+    if damaged is not None:
+        raise CorruptCheckpointError(damaged)
 
 
 SPEED_FILE = "speed.jsonl"
@@ -454,6 +494,8 @@ def _speed(cfg: dict[str, Any], path: Path) -> None:
         start = time.perf_counter()
         try:
             rows = _speed_model(m, cfg["speed"]["length"], cfg["speed"]["repeats"])
+        except CorruptCheckpointError as exc:  # the checkpoint, not the benchmark: as in the evaluation
+            raise CorruptCheckpointError(f"leaderboard model {m['name']!r}: {exc}") from None
         except Exception as exc:  # the table stands without the plot
             print(f"{m['name']}: speed benchmark failed: {exc}", flush=True)
             continue
