@@ -27,7 +27,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from ..kernels import Kernel, LinearKernel
 from ..kernels.linear.state import LinearState
 from ..kernels.linear.window_decode import PackedWindowState, unpack
-from ..kernels.softmax import SoftmaxKernel, banded_attention, gather_keys, sink_slots
+from ..kernels.softmax import SoftmaxKernel, banded_attention, gather_keys, grow_slots, sink_slot_count, sink_slots
 from .attention import KERNEL_ATTR, packed_segments
 from .modules import attention_modules
 
@@ -326,13 +326,19 @@ class WindowKVLayer(DynamicLayer):
     def _add_sinks(self, k: torch.Tensor, v: torch.Tensor, new_real: torch.Tensor, start: int) -> None:
         """Fill the sink slots whose rank (among each row's real tokens) falls in the new chunk."""
         b, h, _, d = k.shape
+        slots = sink_slot_count(self.sinks, start + k.shape[-2])  # grown with the tokens seen, at most S
         if self.sink_keys is None:
-            self.sink_keys = k.new_zeros(b, h, self.sinks, d)
-            self.sink_values = v.new_zeros(b, h, self.sinks, v.shape[-1])
-            self.sink_pos = torch.zeros(b, self.sinks, dtype=torch.long, device=k.device)
-            self.sink_valid = torch.zeros(b, self.sinks, dtype=torch.bool, device=k.device)
+            self.sink_keys = k.new_zeros(b, h, slots, d)
+            self.sink_values = v.new_zeros(b, h, slots, v.shape[-1])
+            self.sink_pos = torch.zeros(b, slots, dtype=torch.long, device=k.device)
+            self.sink_valid = torch.zeros(b, slots, dtype=torch.bool, device=k.device)
             self.real_seen = torch.zeros(b, dtype=torch.long, device=k.device)
-        idx, pos, fresh = sink_slots(new_real, self.sinks, offset=start, seen=self.real_seen)
+        elif self.sink_keys.shape[-2] < slots:
+            self.sink_keys = grow_slots(self.sink_keys, 2, slots)
+            self.sink_values = grow_slots(self.sink_values, 2, slots)
+            self.sink_pos = grow_slots(self.sink_pos, 1, slots)
+            self.sink_valid = grow_slots(self.sink_valid, 1, slots, False)
+        idx, pos, fresh = sink_slots(new_real, self.sink_keys.shape[-2], offset=start, seen=self.real_seen)
         if bool(fresh.any()):
             sel = fresh[:, None, :, None]
             self.sink_keys = torch.where(sel, gather_keys(k, idx).to(self.sink_keys.dtype), self.sink_keys)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -35,19 +36,82 @@ class KernelOptions:
         pass
 
 
+# Bounds of the options that size memory or work. A count of tokens (a window, sinks, a cache's slots, a chunk) is
+# at most the model's context ceiling (:func:`token_ceiling`): the longer of its max_position_embeddings and
+# TOKEN_FLOOR (bounded caches exist to run past the trained length), never more than MAX_TOKENS; a feature count is
+# at most FEATURES_PER_DIM x head_dim. A checkpoint's config.json is a downloaded file: these checks run when it is
+# read and when each layer's kernel is built, before any tensor is allocated.
+MAX_TOKENS = 2**20
+TOKEN_FLOOR = 2**15
+FEATURES_PER_DIM = 32
+MAX_FEATURES = 2**16
+# eps-like floors (of a normaliser, a norm, row sums): positive, finite, and far below what they floor
+EPS_RANGE = (1e-30, 1e-2)
+
+
 def option(default: Any = dataclasses.MISSING, help: str = "", *,
-           default_factory: Any = dataclasses.MISSING) -> Any:
+           default_factory: Any = dataclasses.MISSING, bound: str | None = None) -> Any:
     """A field of an options dataclass with its one-line ``help`` (``metadata={"help": ...}``), which
-    ``hf-kernel-attn list KERNEL`` and ``available_kernels()`` show."""
-    return dataclasses.field(default=default, default_factory=default_factory, metadata={"help": help})
+    ``hf-kernel-attn list KERNEL`` and ``available_kernels()`` show. ``bound``: ``"tokens"`` for a count of
+    tokens (checked against the model's :func:`token_ceiling` when the layer's kernel is built), ``"features"``
+    for a feature count (at most FEATURES_PER_DIM x head_dim)."""
+    if bound not in (None, "tokens", "features"):
+        raise ValueError(f"bound must be None, 'tokens' or 'features', got {bound!r}")
+    metadata = {"help": help} if bound is None else {"help": help, "bound": bound}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
-def positive(name: str, value: float | int | None, *, allow_none: bool = True) -> None:
-    """Raise a ValueError unless ``value`` is > 0 (or None when allowed)."""
+def positive(name: str, value: float | int | None, *, allow_none: bool = True, high: float = 1e6) -> None:
+    """Raise a ValueError unless ``value`` is a finite number in (0, high] (or None when allowed)."""
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    number_in(name, value, 0.0, high, low_open=True)
+
+
+def number_in(name: str, value: Any, low: float, high: float, *, low_open: bool = False, meaning: str = "") -> None:
+    """Raise a ValueError unless ``value`` is a finite real number with low <= value <= high (low < value with
+    ``low_open``), naming the option, the value and the range."""
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and (value > low if low_open else value >= low) and value <= high)
+    if not ok:
+        lo = "(" if low_open else "["
+        why = f" ({meaning})" if meaning else ""
+        raise ValueError(f"{name} must be a finite number in {lo}{low:g}, {high:g}]{why}, got {value!r}")
+
+
+def integer_in(name: str, value: Any, low: int, high: int, *, meaning: str = "") -> None:
+    """Raise a ValueError unless ``value`` is an integer with low <= value <= high, naming the option, the value
+    and the range."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        why = f" ({meaning})" if meaning else ""
+        raise ValueError(f"{name} must be an integer in [{low}, {high}]{why}, got {value!r}")
+
+
+def token_ceiling(shape: LayerShape) -> int:
+    """The most tokens any option of a layer may count: max(max_position_embeddings, TOKEN_FLOOR), at most
+    MAX_TOKENS."""
+    return min(MAX_TOKENS, max(shape.max_positions, TOKEN_FLOOR))
+
+
+def check_bounds(kernel_name: str, shape: LayerShape, options: Any) -> None:
+    """Refuse (ValueError) an option marked ``bound="tokens"`` above :func:`token_ceiling` or ``bound="features"``
+    above FEATURES_PER_DIM x head_dim, naming the option, its value and the allowed range."""
+    for field in dataclasses.fields(options):
+        bound = field.metadata.get("bound")
+        value = getattr(options, field.name)
+        if bound is None or value is None:
+            continue
+        if bound == "tokens":
+            limit = token_ceiling(shape)
+            why = (f"a count of tokens is at most the longer of the model's max_position_embeddings "
+                   f"({shape.max_positions}) and {TOKEN_FLOOR}, never over {MAX_TOKENS}")
+        else:
+            limit = FEATURES_PER_DIM * shape.head_dim
+            why = f"a feature count is at most {FEATURES_PER_DIM} x the layer's head_dim ({shape.head_dim})"
+        if value > limit:
+            raise ValueError(f"kernel {kernel_name!r} (layer {shape.layer_idx}): {field.name}={value} is too large "
+                             f"for this model: the "
+                             f"allowed range ends at {limit} ({why})")
 
 
 def one_of(name: str, value: Any, choices: tuple) -> None:
@@ -128,6 +192,7 @@ class Kernel(nn.Module):
 
     def __init__(self, shape: LayerShape, options: KernelOptions) -> None:
         super().__init__()
+        check_bounds(getattr(self, "name", type(self).__name__), shape, options)
         self.shape = shape
         self.options = options
 

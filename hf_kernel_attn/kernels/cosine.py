@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from .base import Kernel, KernelOptions, accum, expand_kv, one_of, option, positive
+from .base import EPS_RANGE, MAX_TOKENS, Kernel, KernelOptions, accum, expand_kv, integer_in, number_in, one_of, option
 from .projection import PROJECTIONS, QKProjection
 from .softmax import fused_attention
 
@@ -29,10 +29,10 @@ class CosineOptions(KernelOptions):
     projection: str = option("none", "learnable per-head map on q, k before normalising: none | diagonal | full")
 
     def validate(self) -> None:
-        positive("gain", self.gain)
-        positive("eps", self.eps, allow_none=False)
-        if not isinstance(self.length, int) or self.length < 2:
-            raise ValueError(f"length must be an integer >= 2, got {self.length!r}")
+        if self.gain is not None:
+            number_in("gain", self.gain, 0.0, 1e4, low_open=True, meaning="or None for log2(L² - L)")
+        number_in("eps", self.eps, *EPS_RANGE, meaning="a floor far below the norms")
+        integer_in("length", self.length, 2, MAX_TOKENS)
         one_of("learnable", self.learnable, (True, False))
         one_of("projection", self.projection, PROJECTIONS)
 

@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from . import linear
-from .base import LayerShape, accum, group_queries, one_of, option, ungroup_output
+from .base import LayerShape, accum, group_queries, number_in, one_of, option, ungroup_output
 from .delta_rule import DEFAULT_CHUNK, delta_rule_chunk, delta_rule_naive, delta_rule_recurrent
 from .feature_maps.base import LinearKernel, LinearOptions, dense
 from .feature_maps.elu import positive_elu
@@ -78,9 +78,9 @@ RECURRENT_BELOW = 8  # new tokens up to this many (decoding): the recurrent step
 class DeltaNetOptions(LinearOptions):
     eps: float = option(1e-6, "floor of ||φ(x)|| in the L2 normalisation of queries and keys")
     chunk_size: int = option(DEFAULT_CHUNK, "positions per chunk of the chunked WY form (speed and memory, not "
-                                            "results)")
+                                            "results)", bound="tokens")
     window: int = option(0, "W > 0: exact softmax over the last W keys plus the delta-rule memory of the older ones "
-                            "(sliding-window hybrid; the two parts add)")
+                            "(sliding-window hybrid; the two parts add)", bound="tokens")
     window_mix: bool = option(False, "a learnable per-head factor λ_h on the memory's read-out, starting at "
                                      "mix_init (needs a window)")
     mix_init: float = option(0.0, "with window_mix: λ_h at the start (0: the model starts as its window and sinks "
@@ -97,10 +97,8 @@ class DeltaNetOptions(LinearOptions):
         super().validate()
         one_of("feature_map", self.feature_map, FEATURE_MAPS)
         one_of("rope_pairs", self.rope_pairs, ROPE_PAIRS)
-        if (isinstance(self.mix_init, bool) or not isinstance(self.mix_init, (int, float))
-                or not math.isfinite(self.mix_init)):
-            raise ValueError(f"mix_init must be a finite number (the memory read-out's factor λ_h at the start, "
-                             f"with window_mix), got {self.mix_init!r}")
+        number_in("mix_init", self.mix_init, -1e3, 1e3, meaning="the memory read-out's factor λ_h at the start, "
+                  "with window_mix")
         if self.beta is not None and (isinstance(self.beta, bool) or not isinstance(self.beta, (int, float))
                                       or not 0 < self.beta <= 1):
             raise ValueError(f"beta must be None (learnable) or a number in (0, 1], got {self.beta!r}")

@@ -22,7 +22,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from .base import Kernel, KernelOptions, expand_kv, one_of, option, positive, visibility_mask
+from .base import Kernel, KernelOptions, expand_kv, number_in, one_of, option, visibility_mask
 from .projection import PROJECTIONS, QKProjection
 from .softmax import fused_attention
 
@@ -39,7 +39,8 @@ class GaussianOptions(KernelOptions):
     projection: str = option("none", "learnable per-head map on q, k: none | diagonal (ARD bandwidths) | full")
 
     def validate(self) -> None:
-        positive("sigma", self.sigma)
+        if self.sigma is not None:
+            number_in("sigma", self.sigma, 1e-4, 1e4, meaning="or None for σ² = 1 / the softmax scale")
         one_of("projection", self.projection, PROJECTIONS)
         for flag in ("learnable", "normalize", "augment"):
             one_of(flag, getattr(self, flag), (True, False))

@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from .base import Kernel, KernelOptions, one_of, option, positive
+from .base import EPS_RANGE, MAX_TOKENS, Kernel, KernelOptions, integer_in, number_in, one_of, option
 from .gaussian import normalized_gaussian, unnormalized_gaussian
 
 FORMS = ("auto", "nystrom", "exact")
@@ -39,7 +39,8 @@ NYSTROM_COST_FACTOR = 2.0
 
 @dataclasses.dataclass
 class SkyformerOptions(KernelOptions):
-    num_landmarks: int = option(64, "Nyström landmarks, half among the real queries and half among the real keys")
+    num_landmarks: int = option(64, "Nyström landmarks, half among the real queries and half among the real keys",
+                                bound="tokens")
     ridge: float = option(0.1, "ridge added to the landmarks' Gram matrix κ(L, L) before inverting it")
     newton_iters: int = option(6, "Newton–Schulz steps of the landmark pseudo-inverse")
     normalize: bool = option(True, "divide by the approximated row sums (a softmax drop-in); False = the "
@@ -49,14 +50,10 @@ class SkyformerOptions(KernelOptions):
                                "than Nyström (short sequences)")
 
     def validate(self) -> None:
-        for name in ("num_landmarks", "newton_iters"):
-            val = getattr(self, name)
-            if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
-                raise ValueError(f"{name} must be an integer > 0, got {val!r}")
-        if self.num_landmarks < 2:
-            raise ValueError(f"num_landmarks must be >= 2, got {self.num_landmarks}")
-        positive("ridge", self.ridge, allow_none=False)
-        positive("eps", self.eps, allow_none=False)
+        integer_in("num_landmarks", self.num_landmarks, 2, MAX_TOKENS)
+        integer_in("newton_iters", self.newton_iters, 1, 100)
+        number_in("ridge", self.ridge, 0.0, 1e4, low_open=True)
+        number_in("eps", self.eps, *EPS_RANGE, meaning="a floor far below the row sums")
         one_of("normalize", self.normalize, (True, False))
         one_of("form", self.form, FORMS)
 

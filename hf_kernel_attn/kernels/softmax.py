@@ -24,7 +24,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from .base import Kernel, KernelOptions, expand_kv, option, visibility_mask
+from .base import MAX_TOKENS, Kernel, KernelOptions, expand_kv, integer_in, option, visibility_mask
 
 # queries per SDPA call of the windowed form: C = W clamped to [MIN_QUERY_CHUNK, QUERY_CHUNK]
 QUERY_CHUNK = 256
@@ -87,6 +87,23 @@ def sink_slots(real: torch.Tensor, sinks: int, offset: int = 0, seen: torch.Tens
         found = found & (target > seen[:, None])
     idx = idx.clamp_max(max(0, m - 1))
     return idx, idx + offset, found
+
+
+def grow_slots(x: torch.Tensor, dim: int, size: int, fill: float | bool = 0) -> torch.Tensor:
+    """``x`` extended along ``dim`` to ``size`` entries of ``fill`` (``x`` itself when it has as many): slots that
+    grow with use instead of being allocated for a configured count up front."""
+    extra = size - x.shape[dim]
+    if extra <= 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    return torch.cat([x, x.new_full(shape, fill)], dim)
+
+
+def sink_slot_count(sinks: int, positions: int) -> int:
+    """The sink slots worth holding after ``positions`` keys: min(S, positions) (a slot is the key of one rank among
+    the real tokens, so no more can be filled yet)."""
+    return min(sinks, positions)
 
 
 def gather_keys(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -166,23 +183,22 @@ def window_attention(
     sink_args = {}
     if sinks:
         real = torch.ones(q.shape[0], m, dtype=torch.bool, device=q.device) if key_mask is None else key_mask.bool()
-        idx, pos, found = sink_slots(real, sinks)
+        idx, pos, found = sink_slots(real, sink_slot_count(sinks, m))
         sink_args = dict(sink_k=gather_keys(k, idx), sink_v=gather_keys(v, idx), sink_pos=pos, sink_valid=found)
     return banded_attention(q, k, v, window=window, scale=scale, causal=causal, q_start=m - n, k_start=0,
                             key_real=None if key_mask is None else key_mask.bool(), dropout=dropout, **sink_args)
 
 
 def _count(name: str, value: object, meaning: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0 ({meaning}), got {value!r}")
+    integer_in(name, value, 0, MAX_TOKENS, meaning=meaning)
 
 
 @dataclasses.dataclass
 class SoftmaxOptions(KernelOptions):
     window: int = option(0, "W > 0: each query attends only to the keys within W positions of it (sliding "
-                            "window); 0 = the whole context")
+                            "window); 0 = the whole context", bound="tokens")
     sinks: int = option(0, "S > 0 (needs a window): the first S real tokens of each row are always attended "
-                           "(StreamingLLM)")
+                           "(StreamingLLM)", bound="tokens")
 
     def validate(self) -> None:
         _count("window", self.window, "0 = the whole context, W > 0 = a sliding window of W keys")

@@ -121,7 +121,7 @@ def test_bad_options_name_the_problem():
         build_kernel("hedgehog", LayerShape(4, 2, D, 0, 4096), {"sparse_cache": 4})
     with pytest.raises(ValueError, match="not supported by this kernel.*hedgehog"):
         build_kernel("gla", LayerShape(4, 2, D, 0, 4096), {"window": 8, "sparse_cache": 4})
-    with pytest.raises(ValueError, match="sparse_block must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"sparse_block must be an integer in \[1, "):
         build_kernel("hedgehog", LayerShape(4, 2, D, 0, 4096), {"window": 8, "sparse_cache": 4, "sparse_block": 0})
     kern = make()
     q, k, v = inputs(1, 4, 2, 12)

@@ -148,9 +148,9 @@ def test_cache_memory_is_constant_in_the_context():
 
 
 @pytest.mark.parametrize("bad, message", [
-    ({"window": -1}, "window must be an integer >= 0"),
-    ({"window": 2.5}, "window must be an integer >= 0"),
-    ({"window": True}, "window must be an integer >= 0"),
+    ({"window": -1}, r"window must be an integer in \[0, "),
+    ({"window": 2.5}, r"window must be an integer in \[0, "),
+    ({"window": True}, r"window must be an integer in \[0, "),
     ({"window_mix": True}, "window_mix=True needs a window > 0"),
     ({"window": 4, "window_mix": "yes"}, "window_mix must be one of"),
 ])

@@ -25,18 +25,18 @@ def test_decode_bench_saved_times_the_folders_own_kernels(tiny_llama, tmp_path, 
         if f.name.startswith(("tokenizer", "special_tokens")):
             shutil.copy(f, folder / f.name)
     out = tmp_path / "d.json"
-    assert main(["decode-bench", "--model", str(folder), "--kernels", "saved", "elu", "--contexts", "8", "24",
+    assert main(["decode-bench", "--model", str(folder), "--kernels", "saved", "elu", "--contexts", "24", "40",
                  "--steps", "1", "--output", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     by = {(r["kernel"], r["context"]): r for r in rows}
-    assert set(by) == {(k, c) for k in ("softmax", "saved", "elu") for c in (8, 24)}
+    assert set(by) == {(k, c) for k in ("softmax", "saved", "elu") for c in (24, 40)}
     # the saved row's cache is the one the folder's kernels build (sinks and cached pairs in layer 1), the same
-    # bytes at both contexts; softmax's grows
+    # bytes at both contexts once its slots are filled (block 16: the first choice at position 16); softmax's grows
     loaded = AutoModelForCausalLM.from_pretrained(folder).eval()
     cache = new_cache(loaded)
     with torch.no_grad():
         loaded(torch.randint(0, 100, (1, 24)), cache=cache, use_cache=True)
-    assert by[("saved", 24)]["cache_bytes"] == by[("saved", 8)]["cache_bytes"] == cache_bytes(cache)
+    assert by[("saved", 40)]["cache_bytes"] == by[("saved", 24)]["cache_bytes"] == cache_bytes(cache)
     assert by[("saved", 24)]["cache_bytes"] != by[("elu", 24)]["cache_bytes"]
-    assert by[("softmax", 24)]["cache_bytes"] > by[("softmax", 8)]["cache_bytes"]
+    assert by[("softmax", 40)]["cache_bytes"] > by[("softmax", 24)]["cache_bytes"]
     assert "| saved | 24 |" in capsys.readouterr().out

@@ -19,14 +19,17 @@ from torch import nn
 
 from .. import linear
 from ..base import (
+    EPS_RANGE,
+    MAX_TOKENS,
     Kernel,
     KernelOptions,
     LayerShape,
     accum,
     group_queries,
+    integer_in,
+    number_in,
     one_of,
     option,
-    positive,
     ungroup_output,
     visibility_mask,
 )
@@ -50,40 +53,39 @@ from ..registry import sparse_cache_kernels
 class LinearOptions(KernelOptions):
     eps: float = option(1e-6, "floor of the normaliser φ(q_i)·Σ_j φ(k_j)")
     chunk_size: int = option(linear.DEFAULT_CHUNK, "positions per chunk of the causal chunked scan (speed and "
-                                                   "memory, not results)")
+                                                   "memory, not results)", bound="tokens")
     window: int = option(0, "W > 0: exact softmax over the last W keys, the feature map over older ones "
-                            "(sliding-window hybrid)")
+                            "(sliding-window hybrid)", bound="tokens")
     window_mix: bool = option(False, "a learnable per-head factor λ_h = exp(θ_h) on the feature-map part "
                                      "(LoLCATs; needs a window)")
-    sinks: int = option(0, "S > 0 (needs a window): the first S real tokens join the softmax part (StreamingLLM)")
+    sinks: int = option(0, "S > 0 (needs a window): the first S real tokens join the softmax part (StreamingLLM)",
+                        bound="tokens")
     softmax_heads: list[int] = option(default_factory=list, help="query heads of each layer kept as exact softmax "
                                                                  "attention (over every key; with sparse_cache, "
                                                                  "over the sinks, window and cached pairs only)")
     sparse_cache: int = option(0, "C > 0 (needs a window; causal): per KV head, the C older key-value pairs the "
-                                  "state reproduces worst are kept and attended exactly (a bounded sparse cache, LoLA)")
+                                  "state reproduces worst are kept and attended exactly (a bounded sparse cache, "
+                                  "LoLA; slots are filled as keys leave the window: unused slots cost nothing)",
+                               bound="tokens")
     sparse_block: int = option(16, "with sparse_cache: the keys that left the window are scored every this many "
-                                   "positions (decoding keeps at most this many of them besides the cache)")
+                                   "positions (decoding keeps at most this many of them besides the cache)",
+                                bound="tokens")
 
     def validate(self) -> None:
-        positive("eps", self.eps, allow_none=False)
-        if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size <= 0:
-            raise ValueError(f"chunk_size must be an integer > 0, got {self.chunk_size!r}")
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
-            raise ValueError(f"window must be an integer >= 0 (0 = no softmax window), got {self.window!r}")
+        number_in("eps", self.eps, EPS_RANGE[0], EPS_RANGE[1], meaning="a floor far below the normaliser")
+        integer_in("chunk_size", self.chunk_size, 1, MAX_TOKENS, meaning="positions per chunk")
+        integer_in("window", self.window, 0, MAX_TOKENS, meaning="0 = no softmax window")
         one_of("window_mix", self.window_mix, (True, False))
         if self.window_mix and not self.window:
             raise ValueError("window_mix=True needs a window > 0 (it is a learnable factor on the part beyond the "
                              "window: the feature map's, or the delta-rule memory's read-out)")
-        if isinstance(self.sinks, bool) or not isinstance(self.sinks, int) or self.sinks < 0:
-            raise ValueError(f"sinks must be an integer >= 0 (the first S real tokens attended exactly by every "
-                             f"query; 0 = none), got {self.sinks!r}")
+        integer_in("sinks", self.sinks, 0, MAX_TOKENS, meaning="the first S real tokens attended exactly by every "
+                   "query; 0 = none")
         if self.sinks and not self.window:
             raise ValueError(f"sinks={self.sinks} needs a window > 0 (sinks join the softmax window of the hybrid); "
                              "set window=W as well, or sinks=0")
-        for name in ("sparse_cache", "sparse_block"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "sparse_cache" else 1):
-                raise ValueError(f"{name} must be an integer >= {0 if name == 'sparse_cache' else 1}, got {value!r}")
+        integer_in("sparse_cache", self.sparse_cache, 0, MAX_TOKENS, meaning="cached pairs per KV head; 0 = none")
+        integer_in("sparse_block", self.sparse_block, 1, MAX_TOKENS, meaning="positions between two choices")
         if self.sparse_cache and not self.window:
             raise ValueError(f"sparse_cache={self.sparse_cache} needs a window > 0 (the cache holds pairs that left "
                              "the softmax window); set window=W as well, or sparse_cache=0")
@@ -100,6 +102,9 @@ def dense(x: torch.Tensor) -> torch.Tensor:
     """The accumulation dtype, contiguous: transformers hands q/k over as transposed views, and a feature map's
     matmul on a strided view runs several times slower than on dense rows (one copy is cheaper)."""
     return accum(x).contiguous()
+
+
+MAX_SEED = 2**32 - 1  # seeds of random draws: seed · 1,000,003 + layer index stays within a generator's 64 bits
 
 
 def layer_generator(seed: int, layer_idx: int) -> torch.Generator:
@@ -432,7 +437,7 @@ class LinearKernel(Kernel):
         """Whether a general decode state after ``position`` real tokens can go to the packed layout."""
         return self.decodes_packed and window_decode.can_pack(
             state, window_keys, window=self.window, sinks=self.options.sinks, capacity=self.options.sparse_cache,
-            position=position)
+            position=position, block=self.options.sparse_block)
 
     def pack_decode_state(self, state: LinearState, window_keys: torch.Tensor | None,
                           window_values: torch.Tensor | None, position: int,

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import torch
 
-from ..base import option
+from ..base import MAX_TOKENS, integer_in, option
 from .base import LinearKernel, LinearOptions
 
 
@@ -19,9 +19,8 @@ class CosformerOptions(LinearOptions):
 
     def validate(self) -> None:
         super().validate()
-        if self.horizon is not None and (isinstance(self.horizon, bool) or not isinstance(self.horizon, int)
-                                         or self.horizon <= 0):
-            raise ValueError(f"horizon must be an integer > 0, got {self.horizon!r}")
+        if self.horizon is not None:
+            integer_in("horizon", self.horizon, 1, MAX_TOKENS, meaning="or None for max_position_embeddings")
 
 
 class CosformerKernel(LinearKernel):

@@ -9,9 +9,9 @@ from typing import ClassVar
 
 import torch
 
-from ..base import LayerShape, accum, one_of, option
+from ..base import LayerShape, accum, integer_in, one_of, option
 from ..linear.gated import MAX_CHUNK_LOG_RANGE
-from .base import LinearKernel, LinearOptions, layer_generator
+from .base import MAX_SEED, LinearKernel, LinearOptions, layer_generator
 
 # the fastest decay, γ = 1 - 1/32: C/2 · |ln γ| ≤ MAX_CHUNK_LOG_RANGE / 2 keeps e^{±·} finite in fp32
 MAX_DECAY_CHUNK = int(MAX_CHUNK_LOG_RANGE / -math.log(1 - 1 / 32))
@@ -25,8 +25,7 @@ class DijiangOptions(LinearOptions):
     def validate(self) -> None:
         super().validate()
         one_of("decay", self.decay, (True, False))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        integer_in("seed", self.seed, 0, MAX_SEED)
         if self.decay and self.chunk_size > MAX_DECAY_CHUNK:
             raise ValueError(f"chunk_size={self.chunk_size}: dijiang with decay=True needs chunk_size <= "
                              f"{MAX_DECAY_CHUNK} (the gated scan's in-chunk factors γ^(±C/2) stay finite in fp32)")

@@ -17,7 +17,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ..base import option
+from ..base import integer_in, number_in, option
 from ..linear.gated import GATED_CHUNK, MAX_CHUNK_LOG_RANGE, MIN_LOG_GATE
 from .base import LinearKernel, LinearOptions
 
@@ -67,12 +67,13 @@ def softmax_(x: torch.Tensor) -> torch.Tensor:
     return torch._softmax(x, -1, False, out=x)
 
 
+MAX_GATE_RANK = 1024  # the gate maps ⌈D/2⌉ pair norms to F gates: a rank past D/2 (or F) adds nothing
+
+
 def check_low_rank_gate(rank: object, temperature: object) -> None:
     """The low-rank gate's options (GLA, Gated DeltaNet): rank an integer > 0, temperature τ a number > 0."""
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
-        raise ValueError(f"gate_rank must be an integer > 0, got {rank!r}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature <= 0:
-        raise ValueError(f"gate_temperature must be a number > 0, got {temperature!r}")
+    integer_in("gate_rank", rank, 1, MAX_GATE_RANK)
+    number_in("gate_temperature", temperature, 0.0, 1e4, low_open=True)
 
 
 def clamp_log_gate(log_gate: torch.Tensor) -> torch.Tensor:

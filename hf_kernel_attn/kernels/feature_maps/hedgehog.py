@@ -9,21 +9,20 @@ import math
 import torch
 from torch import nn
 
-from ..base import LayerShape, accum, option
+from ..base import MAX_FEATURES, LayerShape, accum, integer_in, option
 from .base import LinearKernel, LinearOptions
 
 
 @dataclasses.dataclass
 class HedgehogOptions(LinearOptions):
     feature_dim: int | None = option(None, "features per sign (the map has twice as many); None = head_dim "
-                                           "(identity init)")
+                                           "(identity init)", bound="features")
     eps: float = option(1e-12, "floor of the normaliser φ(q_i)·Σ_j φ(k_j)")
 
     def validate(self) -> None:
         super().validate()
-        if self.feature_dim is not None and (isinstance(self.feature_dim, bool)
-                                             or not isinstance(self.feature_dim, int) or self.feature_dim <= 0):
-            raise ValueError(f"feature_dim must be an integer > 0, got {self.feature_dim!r}")
+        if self.feature_dim is not None:
+            integer_in("feature_dim", self.feature_dim, 1, MAX_FEATURES, meaning="or None for head_dim")
 
 
 class HedgehogKernel(LinearKernel):

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from ..base import option
+from ..base import number_in, option
 from .gated import GatedKernel, GatedOptions, pair_norms, rope_halves, softmax_
 
 
@@ -18,8 +18,7 @@ class LigerOptions(GatedOptions):
 
     def validate(self) -> None:
         super().validate()
-        if isinstance(self.gate_bias, bool) or not isinstance(self.gate_bias, (int, float)):
-            raise ValueError(f"gate_bias must be a number, got {self.gate_bias!r}")
+        number_in("gate_bias", self.gate_bias, -50.0, 50.0, meaning="σ(±50) is 0 or 1 in float32 already")
 
 
 class LigerKernel(GatedKernel):

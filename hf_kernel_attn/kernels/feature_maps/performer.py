@@ -9,13 +9,13 @@ import math
 import torch
 from torch import nn
 
-from ..base import LayerShape, accum, option, positive
-from .base import LinearKernel, LinearOptions, layer_generator
+from ..base import MAX_FEATURES, LayerShape, accum, integer_in, number_in, option
+from .base import MAX_SEED, LinearKernel, LinearOptions, layer_generator
 
 
 @dataclasses.dataclass
 class PerformerOptions(LinearOptions):
-    num_features: int | None = option(None, "m random features; None = ⌊D ln D⌋")
+    num_features: int | None = option(None, "m random features; None = ⌊D ln D⌋", bound="features")
     feature_eps: float = option(1e-4, "ε added to every feature (keeps the normaliser away from 0)")
     seed: int = option(0, "seed of the random directions ω (drawn with the layer index)")
     redraw_interval: int | None = option(None, "in training, redraw ω every this many calls; None = never")
@@ -25,13 +25,12 @@ class PerformerOptions(LinearOptions):
         super().validate()
         if self.learnable and self.redraw_interval:
             raise ValueError("performer: learnable=True trains ω, so it cannot also be redrawn (redraw_interval)")
-        for name in ("num_features", "redraw_interval"):
-            val = getattr(self, name)
-            if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val <= 0):
-                raise ValueError(f"{name} must be an integer > 0, got {val!r}")
-        positive("feature_eps", self.feature_eps, allow_none=False)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.num_features is not None:
+            integer_in("num_features", self.num_features, 1, MAX_FEATURES, meaning="or None for ⌊D ln D⌋")
+        if self.redraw_interval is not None:
+            integer_in("redraw_interval", self.redraw_interval, 1, 2**31, meaning="calls, or None = never")
+        number_in("feature_eps", self.feature_eps, 0.0, 1.0, low_open=True)
+        integer_in("seed", self.seed, 0, MAX_SEED)
 
 
 def orthogonal_gaussian(m: int, d: int, generator: torch.Generator) -> torch.Tensor:

@@ -11,7 +11,7 @@ import math
 import torch
 
 from .. import linear
-from ..base import accum, option
+from ..base import MAX_TOKENS, accum, integer_in, option
 from .base import LinearKernel, LinearOptions
 
 
@@ -33,14 +33,12 @@ def _upper_triangle(d: int, device: torch.device) -> tuple[torch.Tensor, torch.T
 @dataclasses.dataclass
 class TaylorOptions(LinearOptions):
     quadratic_below: int | None = option(None, "without grad, the quadratic N×N form up to this N (both modes); "
-                                               "None = whichever costs fewer multiply-adds")
+                                               "None = whichever costs fewer multiply-adds", bound="tokens")
 
     def validate(self) -> None:
         super().validate()
-        if self.quadratic_below is not None and (isinstance(self.quadratic_below, bool)
-                                                 or not isinstance(self.quadratic_below, int)
-                                                 or self.quadratic_below < 0):
-            raise ValueError(f"quadratic_below must be an integer >= 0 or None, got {self.quadratic_below!r}")
+        if self.quadratic_below is not None:
+            integer_in("quadratic_below", self.quadratic_below, 0, MAX_TOKENS, meaning="or None")
 
 
 class TaylorKernel(LinearKernel):

@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..softmax import grow_slots
 from .state import LinearState, SparseCache, with_ones
 
 
@@ -77,7 +78,8 @@ def choose_pairs(
     """One boundary: the pool = the cache (``keys`` ``[B, Hkv, C, D]``, ``values``, ``pos``, ``valid``) ∪ the pending
     keys (folded into ``s`` = [S, z] since the last boundary, or with ``in_state`` False not yet; ``pend_ok``
     ``[B, P]``), scored by the self-recall error against the state without the candidates; the C highest are the new
-    cache, the rest of the pool is folded into the state. Returns (state, keys, values, pos, valid)."""
+    cache (the whole pool while it has at most C entries: the cache grows with the keys it holds), the rest of the
+    pool is folded into the state. Returns (state, keys, values, pos, valid)."""
     b, hkv = keys.shape[:2]
     d, dv = keys.shape[-1], values.shape[-1]
     cand_ok = pend_ok[:, None, :].expand(-1, hkv, -1)
@@ -92,7 +94,8 @@ def choose_pairs(
         s_out, z_full = s, s[..., dv] + (cand_f * cand_ok[..., None].to(s.dtype)).sum(2)
     score = recall_error(s_out, pool_f, pool_v, eps, z_full=z_full).masked_fill(~pool_ok, float("-inf"))
     order = score.topk(pool_ok.shape[-1], dim=-1).indices  # [B, Hkv, C + P], highest first
-    pick, out = order[..., :capacity], order[..., capacity:]
+    keep = min(capacity, pool_ok.shape[-1])
+    pick, out = order[..., :keep], order[..., keep:]
     # the rest of the pool (the P lowest) joins the state
     s = _fold(s_out, pool_f.gather(2, out[..., None].expand(-1, -1, -1, pool_f.shape[-1])),
               pool_v.gather(2, out[..., None].expand(-1, -1, -1, dv)), pool_ok.gather(2, out).to(s.dtype))
@@ -134,7 +137,7 @@ def sparse_window(
     dtype = raw.dtype
     q, k, v, fk = q.to(dtype), k.to(dtype), v.to(dtype), fk.to(dtype)
     if cache is None:
-        cache = SparseCache.empty(k, v, capacity, block)
+        cache = SparseCache.empty(k, v)  # no slots yet: they grow with the keys held
     s = fk.new_zeros(b, hkv, fk.shape[-1], dv + 1) if state is None else torch.cat(
         [state.S, state.z.unsqueeze(-1)], -1).to(dtype)
     first_query = offset + m - n
@@ -144,18 +147,21 @@ def sparse_window(
     keys, values, pos, valid = cache.keys.to(dtype), cache.values.to(dtype), cache.pos, cache.valid
     lin_w = lin_w.to(dtype)
 
-    slot = torch.arange(block, device=k.device)
-
     def fold_to(last: int) -> None:
         """Keys of this call at positions folded + 1 … last enter the state and the pending slots (slot = position
-        mod B; at most B since a boundary). The slots are written with ``where`` rather than ``index_copy``:
-        inductor (torch 2.13) reused the pending buffer in place while a gather from an earlier concatenation of it
-        was still to be read."""
+        mod B; at most B since a boundary). The ring grows with the positions folded, to B slots at most. The slots
+        are written with ``where`` rather than ``index_copy``: inductor (torch 2.13) reused the pending buffer in
+        place while a gather from an earlier concatenation of it was still to be read."""
         nonlocal s, folded, pend_k, pend_v, pend_pos, pend_ok
         if last <= folded:
             return
         lo, hi = folded + 1 - offset, last + 1 - offset
         s = _fold(s, fk[:, :, lo:hi], v[:, :, lo:hi], lin_w[:, None, lo:hi].expand(-1, hkv, -1))
+        size = min(block, last + 1)  # positions 0 … last fill slots 0 … last until the ring has B of them
+        if pend_pos.shape[0] < size:
+            pend_k, pend_v = grow_slots(pend_k, 2, size), grow_slots(pend_v, 2, size)
+            pend_pos, pend_ok = grow_slots(pend_pos, 0, size, -1), grow_slots(pend_ok, 1, size, False)
+        slot = torch.arange(pend_pos.shape[0], device=k.device)
         latest = last - (last - slot) % block  # the newest position of each slot's class, ≤ last
         hit = latest > folded
         src = (latest - offset).clamp(0, m - 1)
@@ -190,7 +196,9 @@ def sparse_window(
             qs = q[:, :, :, a:end]
             logits = (qs @ ck.unsqueeze(2).transpose(-1, -2) * scaling).masked_fill(~cvalid[:, :, None, None, :],
                                                                                     float("-inf"))
-            shift = torch.maximum(top[:, :, :, a:end], logits.amax(-1, keepdim=True))
+            shift = top[:, :, :, a:end]
+            if logits.shape[-1]:  # (a cache grown with use may hold no pair yet)
+                shift = torch.maximum(shift, logits.amax(-1, keepdim=True))
             num = raw[:, :, :, a:end] * (top[:, :, :, a:end] - shift).exp() + (logits - shift).exp() @ with_ones(
                 cv).unsqueeze(2)
             if i:  # the hybrid's linear part holds cache₀ out and cache(i) in: swap them

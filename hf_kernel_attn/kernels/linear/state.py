@@ -47,10 +47,14 @@ class SinkSet:
 
 @dataclasses.dataclass
 class SparseCache:
-    """The cache (``keys`` ``[B, Hkv, C, D]``, ``values`` ``[B, Hkv, C, Dv]``, absolute ``pos`` ``[B, Hkv, C]``,
-    ``valid`` ``[B, Hkv, C]``: slot filled) and the pending keys, folded into the state since the last boundary and
-    scored at the next one (``pending_keys`` ``[B, Hkv, P, D]``, ``pending_values``, slot = position mod P,
-    ``pending_pos`` ``[P]``, ``pending_ok`` ``[B, P]``: a real, non-sink key in that slot)."""
+    """The cache (``keys`` ``[B, Hkv, L, D]``, ``values`` ``[B, Hkv, L, Dv]``, absolute ``pos`` ``[B, Hkv, L]``,
+    ``valid`` ``[B, Hkv, L]``: slot filled) and the pending keys, folded into the state since the last boundary and
+    scored at the next one (``pending_keys`` ``[B, Hkv, P, D]``, ``pending_values``, slot = position mod B,
+    ``pending_pos`` ``[P]``, ``pending_ok`` ``[B, P]``: a real, non-sink key in that slot).
+
+    Both are sized by use: the cache has L = min(C, the pairs chosen so far) slots and the ring of pending slots
+    P = min(B, the keys that left the window so far), so a large C or B costs nothing until that many keys have
+    been seen; once they have, the sizes stay C and B (the same bytes at every later length)."""
 
     keys: torch.Tensor
     values: torch.Tensor
@@ -62,7 +66,9 @@ class SparseCache:
     pending_ok: torch.Tensor
 
     @classmethod
-    def empty(cls, k: torch.Tensor, v: torch.Tensor, capacity: int, block: int) -> SparseCache:
+    def empty(cls, k: torch.Tensor, v: torch.Tensor, capacity: int = 0, block: int = 0) -> SparseCache:
+        """``capacity`` cache slots and ``block`` pending entries, unfilled (0 and 0: the cache before any key,
+        grown as keys come)."""
         b, h, _, d = k.shape
         dv = v.shape[-1]
         long = dict(dtype=torch.long, device=k.device)

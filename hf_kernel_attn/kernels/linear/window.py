@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..base import accum, ungroup_output
-from ..softmax import gather_keys, sink_slots
+from ..softmax import gather_keys, grow_slots, sink_slot_count, sink_slots
 from . import cost
 from .gated import gated_causal, queries_at_key_positions, reverse_gates, shifted_keys
 from .recurrent import accumulate
@@ -48,19 +48,25 @@ def update_sinks(k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None
                  previous: SinkSet | None) -> SinkSet:
     """The sinks after keys ``k``/``v`` ``[B, Hkv, M, ·]`` at positions offset … offset + M - 1 (``key_mask``
     ``[B, M]``, None = all real): slots still empty in ``previous`` take the real keys of rank 1 … ``count``
-    among the keys not seen before (positions ≥ previous.seen)."""
+    among the keys not seen before (positions ≥ previous.seen). The slots grow with the keys seen (at most
+    ``count``), so a large ``count`` costs nothing until that many tokens came."""
     b, h, m, _ = k.shape
     real = torch.ones(b, m, dtype=torch.bool, device=k.device) if key_mask is None else key_mask.to(torch.bool)
     start = 0 if previous is None else min(m, max(0, previous.seen - offset))
+    slots = sink_slot_count(count, offset + m)
     if previous is None:
-        previous = SinkSet(k.new_zeros(b, h, count, k.shape[-1]), v.new_zeros(b, h, count, v.shape[-1]),
-                           torch.zeros(b, count, dtype=torch.long, device=k.device),
-                           torch.zeros(b, count, dtype=torch.bool, device=k.device),
+        previous = SinkSet(k.new_zeros(b, h, slots, k.shape[-1]), v.new_zeros(b, h, slots, v.shape[-1]),
+                           torch.zeros(b, slots, dtype=torch.long, device=k.device),
+                           torch.zeros(b, slots, dtype=torch.bool, device=k.device),
                            torch.zeros(b, dtype=torch.long, device=k.device), 0)
+    elif previous.keys.shape[-2] < slots:
+        previous = SinkSet(grow_slots(previous.keys, 2, slots), grow_slots(previous.values, 2, slots),
+                           grow_slots(previous.pos, 1, slots), grow_slots(previous.valid, 1, slots, False),
+                           previous.real_seen, previous.seen)
     new_real = real[:, start:]
     if new_real.shape[1] == 0:
         return previous
-    idx, pos, fresh = sink_slots(new_real, count, offset=offset + start, seen=previous.real_seen)
+    idx, pos, fresh = sink_slots(new_real, previous.keys.shape[-2], offset=offset + start, seen=previous.real_seen)
     kn, vn = k[:, :, start:], v[:, :, start:]
     sel = fresh[:, None, :, None]
     return SinkSet(torch.where(sel, gather_keys(kn, idx).to(previous.keys.dtype), previous.keys),

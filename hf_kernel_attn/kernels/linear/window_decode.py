@@ -81,10 +81,11 @@ class PackedWindowState:
 
 
 def can_pack(state: LinearState | None, window_keys: torch.Tensor | None, *, window: int, sinks: int,
-             capacity: int, position: int) -> bool:
+             capacity: int, position: int, block: int = 1) -> bool:
     """Whether a general decode state (after ``position`` tokens, all real) can go to the packed layout: the cache
     (``capacity`` C pairs) full, the window's W - 1 keys kept, every sink filled and out of the next query's window,
-    float32 or float64, no exact heads' growing K/V."""
+    float32 or float64, no exact heads' growing K/V; with a cache, its ring of pending slots grown to the block's
+    B slots (caches grow with use: :class:`.state.SparseCache`)."""
     if state is None or state.exact is not None or state.S.dtype not in (torch.float32, torch.float64):
         return False
     if (state.sparse is None) != (capacity == 0):
@@ -96,11 +97,14 @@ def can_pack(state: LinearState | None, window_keys: torch.Tensor | None, *, win
     if window > 1 and (window_keys is None or window_keys.shape[-2] != window - 1):
         return False
     if sinks:
-        if state.sinks is None or not bool(state.sinks.valid.all()):
+        if state.sinks is None or state.sinks.keys.shape[-2] != sinks or not bool(state.sinks.valid.all()):
             return False
         if int(state.sinks.pos.max()) > position - window:
             return False
-    return state.sparse is None or bool(state.sparse.valid.all())
+    if state.sparse is None:
+        return True
+    sc = state.sparse
+    return sc.keys.shape[-2] == capacity and sc.pending_pos.shape[0] == block and bool(sc.valid.all())
 
 
 def pack(state: LinearState, window_keys: torch.Tensor | None, window_values: torch.Tensor | None,
