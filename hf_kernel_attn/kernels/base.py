@@ -40,10 +40,12 @@ class KernelOptions:
 # at most the model's context ceiling (:func:`token_ceiling`): the longer of its max_position_embeddings and
 # TOKEN_FLOOR (bounded caches exist to run past the trained length), never more than MAX_TOKENS; a feature count is
 # at most FEATURES_PER_DIM x head_dim. A checkpoint's config.json is a downloaded file: these checks run when it is
-# read and when each layer's kernel is built, before any tensor is allocated.
+# read and when each layer's kernel is built, before any tensor is allocated. FEATURE_FLOOR keeps small heads usable
+# with many features (a random-feature map approximates better with more).
 MAX_TOKENS = 2**20
 TOKEN_FLOOR = 2**15
 FEATURES_PER_DIM = 32
+FEATURE_FLOOR = 4096
 MAX_FEATURES = 2**16
 # eps-like floors (of a normaliser, a norm, row sums): positive, finite, and far below what they floor
 EPS_RANGE = (1e-30, 1e-2)
@@ -54,7 +56,7 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *,
     """A field of an options dataclass with its one-line ``help`` (``metadata={"help": ...}``), which
     ``hf-kernel-attn list KERNEL`` and ``available_kernels()`` show. ``bound``: ``"tokens"`` for a count of
     tokens (checked against the model's :func:`token_ceiling` when the layer's kernel is built), ``"features"``
-    for a feature count (at most FEATURES_PER_DIM x head_dim)."""
+    for a feature count (:func:`feature_ceiling`)."""
     if bound not in (None, "tokens", "features"):
         raise ValueError(f"bound must be None, 'tokens' or 'features', got {bound!r}")
     metadata = {"help": help} if bound is None else {"help": help, "bound": bound}
@@ -93,9 +95,14 @@ def token_ceiling(shape: LayerShape) -> int:
     return min(MAX_TOKENS, max(shape.max_positions, TOKEN_FLOOR))
 
 
+def feature_ceiling(shape: LayerShape) -> int:
+    """The most features a layer's map may have: max(FEATURES_PER_DIM x head_dim, FEATURE_FLOOR)."""
+    return max(FEATURES_PER_DIM * shape.head_dim, FEATURE_FLOOR)
+
+
 def check_bounds(kernel_name: str, shape: LayerShape, options: Any) -> None:
     """Refuse (ValueError) an option marked ``bound="tokens"`` above :func:`token_ceiling` or ``bound="features"``
-    above FEATURES_PER_DIM x head_dim, naming the option, its value and the allowed range."""
+    above :func:`feature_ceiling`, naming the option, its value and the allowed range."""
     for field in dataclasses.fields(options):
         bound = field.metadata.get("bound")
         value = getattr(options, field.name)
@@ -106,8 +113,9 @@ def check_bounds(kernel_name: str, shape: LayerShape, options: Any) -> None:
             why = (f"a count of tokens is at most the longer of the model's max_position_embeddings "
                    f"({shape.max_positions}) and {TOKEN_FLOOR}, never over {MAX_TOKENS}")
         else:
-            limit = FEATURES_PER_DIM * shape.head_dim
-            why = f"a feature count is at most {FEATURES_PER_DIM} x the layer's head_dim ({shape.head_dim})"
+            limit = feature_ceiling(shape)
+            why = (f"a feature count is at most the larger of {FEATURES_PER_DIM} x the layer's head_dim "
+                   f"({shape.head_dim}) and {FEATURE_FLOOR}")
         if value > limit:
             raise ValueError(f"kernel {kernel_name!r} (layer {shape.layer_idx}): {field.name}={value} is too large "
                              f"for this model: the "

@@ -37,7 +37,7 @@ from ..integration.layer_choice import (
     parse_auto,
     parse_heads,
 )
-from ..integration.loading import convert_gguf, with_saved_kernel_options
+from ..integration.loading import convert_gguf, local_model_path, with_saved_kernel_options
 from ..integration.modules import attention_modules, num_attention_layers
 from ..integration.patching import keep_native_windows, kernel_config, layer_shape
 from ..integration.swap import patch
@@ -97,9 +97,24 @@ class ModelSetup:
     def _model_class(self) -> type:
         return getattr(transformers, self.config["model_class"] or self.task.auto_class)
 
+    def check_architecture(self) -> None:
+        """The config against the model's architecture before any weight is read or a GGUF file converted: the
+        model built from its config.json (or the GGUF file's metadata) on the meta device, checked by
+        :func:`check_against_model`, so that a bad layer index or kernel option fails in seconds."""
+        cfg = self.config
+        kwargs = {"gguf_file": cfg["gguf_file"]} if cfg["gguf_file"] else {}
+        model_config = transformers.AutoConfig.from_pretrained(local_model_path(cfg["model"]), **kwargs)
+        for key, value in cfg["config_overrides"].items():
+            if hasattr(model_config, key):  # (unknown keys are refused by load(), naming them)
+                setattr(model_config, key, value)
+        with torch.device("meta"):
+            model = self._model_class().from_config(model_config)
+        check_against_model(cfg, model)
+
     def load(self) -> None:
         """Tokenizer and model into the context, the kernel swapped in (every layer for ``layers: auto:K``)."""
         cfg, ctx = self.config, self.context
+        self.check_architecture()
         self.source = self.model_source()
         tokenizer = transformers.AutoTokenizer.from_pretrained(self.source)
         if tokenizer.pad_token is None:

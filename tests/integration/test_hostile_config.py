@@ -37,7 +37,7 @@ REFUSED = [
     ("window", 10**12, "10**12"),
     ("chunk_size", 10**12, "10**12"),
     ("feature_dim", 10**9, "10**9"),
-    ("feature_dim", 4096, "4096"),
+    ("feature_dim", 4097, "4097"),
     ("eps", math.inf, "Infinity"),
     ("eps", math.nan, "NaN"),
     ("eps", 1e300, "1e300"),

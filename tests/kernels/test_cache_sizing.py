@@ -88,5 +88,8 @@ def test_token_options_are_bounded_by_the_model_and_name_the_range():
     build_kernel("hedgehog", long_model, {"window": 8, "sparse_cache": 100_000})
     with pytest.raises(ValueError, match=r"sinks must be an integer in \[0, 1048576\]"):
         build_kernel("softmax", long_model, {"window": 8, "sinks": 2**21})
-    with pytest.raises(ValueError, match=r"feature_dim=257 is too large .* ends at 256"):
-        build_kernel("hedgehog", shape, {"feature_dim": 257})
+    build_kernel("performer", shape, {"num_features": 4096})  # small heads: up to 4096 features all the same
+    with pytest.raises(ValueError, match=r"num_features=4097 is too large .* ends at 4096"):
+        build_kernel("performer", shape, {"num_features": 4097})
+    with pytest.raises(ValueError, match=r"feature_dim=8193 is too large .* ends at 8192"):
+        build_kernel("hedgehog", LayerShape(4, 2, 256, 0, 8192), {"feature_dim": 8193})

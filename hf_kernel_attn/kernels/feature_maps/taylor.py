@@ -33,7 +33,7 @@ def _upper_triangle(d: int, device: torch.device) -> tuple[torch.Tensor, torch.T
 @dataclasses.dataclass
 class TaylorOptions(LinearOptions):
     quadratic_below: int | None = option(None, "without grad, the quadratic N×N form up to this N (both modes); "
-                                               "None = whichever costs fewer multiply-adds", bound="tokens")
+                                               "None = whichever costs fewer multiply-adds")
 
     def validate(self) -> None:
         super().validate()
