@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
+import hf_kernel_attn
 from hf_kernel_attn.integration.cache import cache_bytes
 from tests.paths import REPO
 
@@ -54,8 +56,6 @@ DOC = REPO / "docs" / "robustness.md"
 @pytest.fixture(scope="module")
 def hostile_base(smollm2_dir, tmp_path_factory) -> Path:
     """The converted checkpoint whose config.json each case edits."""
-    import hf_kernel_attn
-
     out = tmp_path_factory.mktemp("hostile") / "base"
     model = hf_kernel_attn.from_pretrained(smollm2_dir, kernel="hedgehog", **BASE)
     model.save_pretrained(out)
@@ -77,9 +77,7 @@ def edited(base: Path, folder: Path, option: str, value) -> Path:
 
 
 def load(folder: Path):
-    import hf_kernel_attn  # noqa: F401  (registers the kernels; the load itself is transformers' own)
-    from transformers import AutoModelForCausalLM
-
+    """Stock transformers loading (``import hf_kernel_attn`` registered the kernels)."""
     return AutoModelForCausalLM.from_pretrained(folder).eval()
 
 
