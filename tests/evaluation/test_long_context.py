@@ -13,7 +13,6 @@ import torch
 
 from hf_kernel_attn.evaluation.long_context import TASKS
 from hf_kernel_attn.evaluation.long_context.base import exact_match, first_number, needle_index, rng_for
-from hf_kernel_attn.evaluation.long_context.needles import probe_prompts
 from hf_kernel_attn.evaluation.long_context.niah import NEEDLE as NIAH_NEEDLE
 from hf_kernel_attn.evaluation.long_context.passkey import FILLER, NEEDLE
 from hf_kernel_attn.evaluation.long_context.position_loss import buckets
@@ -290,10 +289,20 @@ def test_decode_bench_kernel_specs():
         parse_kernel_spec("softmax:window")
 
 
+def _probe_prompts():
+    """``probe_prompts`` of docs/long_context/probes/probe_common.py (the probes' helper, outside the package), run
+    from its source so that no __pycache__ appears under docs/."""
+    path = REPO / "docs" / "long_context" / "probes" / "probe_common.py"
+    namespace = {"__name__": "probe_common", "__file__": str(path)}
+    exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)
+    return namespace["probe_prompts"]
+
+
 @pytest.mark.parametrize("task", ["passkey", "niah"])
 def test_probe_prompts_locate_the_asked_needle_and_its_digits(smollm2_tok, encode, task):
     """The probes' prompt of a cell is the eval's own (seed 0, here its second sample), the span they report is where
     a brute-force search finds the asked needle's tokens, and its digit tokens spell the answer."""
+    probe_prompts = _probe_prompts()
     sample, span, digits = probe_prompts(task, smollm2_tok, DATA)(1024, 50, 1)
     if task == "passkey":
         assert sample.ids == TASKS["passkey"].samples(encode, 1024, 50, 2, 0, bos=bos_ids(smollm2_tok))[1].ids

@@ -2,7 +2,7 @@
 per row, accuracy by length (mean over depths, and min over depths), the length × depth grid of each row, and
 the loss by position bucket.
 
-    python scripts/long_context_tables.py outputs/leaderboard-long-context/results.jsonl
+    python examples/recipes/long_context_tables.py outputs/leaderboard-long-context/results.jsonl
 """
 
 from __future__ import annotations

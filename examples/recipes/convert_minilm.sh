@@ -4,7 +4,7 @@
 #   TASK=sst2:       configs/minilm/sst2-<kernel>.yaml, then SST-2 accuracy (held-out rows)
 # Results are appended to docs/results/minilm-<task>.jsonl. Resumable: rerunning continues.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DATA_DIR=${DATA_DIR:-../shared/data}
 TASK=${TASK:-embeddings}
 mkdir -p docs/results

@@ -8,9 +8,9 @@ inserted (``training.recall_data``; the evaluation tasks' wording and text are n
 best-scoring layers share the budget equally, the others keep no cache: the decode cache has the bytes of
 ``sparse_cache=AVERAGE`` in every layer, and it still does not grow with the context.
 
-    python scripts/cache_budget_by_layer.py --model outputs/smollm2-hedgehog-sinks-window64-recall/final \\
+    python examples/recipes/cache_budget_by_layer.py --model outputs/smollm2-hedgehog-sinks-window64-recall/final \\
         --average 64 --layers 8 --output outputs/hh-sinks-budget-l8
-    bash scripts/recall_eval.sh NAME outputs/hh-sinks-budget-l8
+    bash examples/recipes/recall_eval.sh NAME outputs/hh-sinks-budget-l8
 
 Retrieval layers on a budget (issue 35, route 2): ``--retrieval-cache C`` gives the chosen layers C pairs and
 ``--other-cache C'`` every other layer C' (instead of sharing ``--average``); ``--retrieval-softmax`` makes every
@@ -18,7 +18,7 @@ query head of a chosen layer a retrieval head on a budget (softmax over its sink
 linear part: the state only scores the pairs); ``--retrieval-sinks S`` keeps the prompt's first S tokens (an
 instruction, say) exact in those layers; ``--choose`` names the layers instead of the best-scoring ones:
 
-    python scripts/cache_budget_by_layer.py --model outputs/smollm2-hedgehog-sinks-window64-recall/final \
+    python examples/recipes/cache_budget_by_layer.py --model outputs/smollm2-hedgehog-sinks-window64-recall/final \
         --choose 7 8 14 15 17 18 21 23 --retrieval-cache 100 --other-cache 92 --retrieval-sinks 40 \
         --retrieval-softmax --sparse-block 8 --output outputs/rl8-s40-c100-o92
 

@@ -1,6 +1,6 @@
 """Loss curves of conversion runs: one PNG per run from its training_log.jsonl (one panel per stage).
 
-    python scripts/plot_training.py outputs/smollm2-gaussian [more run folders] --out docs/results
+    python examples/recipes/plot_training.py outputs/smollm2-gaussian [more run folders] --out docs/results
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ each layer's sparse cache holds (out of digits x KV heads), how many of all the 
 and the greedy answer with the cache, and with the
 linear branch switched off (window + sinks + the cached pairs attended exactly, λ = 0).
 
-    python scripts/sparse_cache_probe.py --model outputs/smollm2-hedgehog-sinks-window64-recall/final \
+    python docs/long_context/probes/sparse_cache_probe.py --model outputs/smollm2-hedgehog-sinks-window64-recall/final \
         --param sparse_cache=100 --param sparse_block=8 --cells 2048@0 2048@25 4096@25 1024@0 \
         --output docs/results/recall/sparse-cache-probe.json
 """
@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 
-from hf_kernel_attn.evaluation.long_context.needles import probe_prompts
 from hf_kernel_attn.evaluation.runner import ModelSpec
 from hf_kernel_attn.integration.branches import hybrid_layers, linear_branch_off
 from hf_kernel_attn.integration.cache import new_cache
 from hf_kernel_attn.kernel_args import parse_params
+
+sys.dont_write_bytecode = True  # no __pycache__ under docs/ (tests/test_doc_links.py names every file here)
+from probe_common import probe_prompts  # noqa: E402  (beside this script)
 
 
 def main() -> None:

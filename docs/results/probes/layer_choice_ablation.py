@@ -1,7 +1,7 @@
 """Which layers to keep as softmax, at equal training: a `layers: auto:K` run's transfer-end checkpoint (every
 layer's kernel trained) evaluated with its automatic choice, with fixed choices, and with no softmax layer.
 
-    python scripts/layer_choice_ablation.py --run outputs/smollm2-hedgehog-window64-auto2 \
+    python docs/results/probes/layer_choice_ablation.py --run outputs/smollm2-hedgehog-window64-auto2 \
         --checkpoint outputs/auto2-transfer-checkpoint --fixed 0,29 \
         --data-file ../shared/data/wikitext-2-raw/wiki.valid.raw --output docs/results/layer-choice-ablation.json
 

@@ -5,7 +5,7 @@
 # Outputs: outputs/smollm2-<kernel>/ (checkpoints, training_log.jsonl, final/) and
 # docs/results/smollm2-<kernel>-<phase>.json. Resumable: rerunning continues unfinished runs.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DATA_DIR=${DATA_DIR:-../shared/data}
 PHASE=${PHASE:-transfer}
 mkdir -p docs/results

@@ -1,7 +1,7 @@
 """Decode-cache bytes after a prefill of N tokens: a converted (or patched) model's cache against the original
 softmax model's KV cache, both measured on the same random token ids.
 
-    python scripts/decode_cache_bytes.py --model outputs/smollm2-hedgehog-heads-window64-recall/final \
+    python examples/recipes/decode_cache_bytes.py --model outputs/smollm2-hedgehog-heads-window64-recall/final \
         --base outputs/smollm2-hedgehog-heads-window64-recall/base-model --tokens 4096 --output FILE.jsonl
 """
 

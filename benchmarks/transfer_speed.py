@@ -6,7 +6,7 @@ stage 1 (kernel parameters only, layer-local loss, no LM head). Both run in one 
 so machine noise hits both alike; after one untimed warm-up round, the fastest of ``--repeats``
 rounds counts for each.
 
-    python scripts/transfer_speed.py --model ~/.cache/hf_kernel_attn_tests/smollm2-135m-instruct \
+    python benchmarks/transfer_speed.py --model ~/.cache/hf_kernel_attn_tests/smollm2-135m-instruct \
         --kernels hedgehog gaussian --output docs/results/transfer_speed.json
 """
 

@@ -1,8 +1,8 @@
-"""The issue-22 comparison table from docs/results/recall/*.jsonl (written by scripts/recall_eval.sh) and
-docs/results/recall/cache-bytes.jsonl (scripts/decode_cache_bytes.py; a record's optional "name" is the row it
+"""The issue-22 comparison table from docs/results/recall/*.jsonl (written by examples/recipes/recall_eval.sh) and
+docs/results/recall/cache-bytes.jsonl (examples/recipes/decode_cache_bytes.py; a record's optional "name" is the row it
 belongs to, else its model folder's parent): one markdown row per model.
 
-    python scripts/recall_table.py [--dir docs/results/recall] [--rows softmax gaussian-ce ...] [--niah]
+    python examples/recipes/recall_table.py [--dir docs/results/recall] [--rows softmax gaussian-ce ...] [--niah]
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""Where the asked needle of an eval prompt sits, for probes that ask what a cache holds of it
-(``scripts/sparse_cache_probe.py``, ``scripts/attention_received_probe.py``)."""
+"""Where the asked needle of an eval prompt sits, for the probes beside this file that ask what a cache holds of
+it (``sparse_cache_probe.py``, ``attention_received_probe.py``). Not part of the package: the probes run as
+scripts from this folder and import it by name."""
 
 from __future__ import annotations
 
-from .base import TASKS, Sample
-from .niah import NEEDLE as NIAH_NEEDLE
-from .passkey import NEEDLE as PASSKEY_NEEDLE
-from .runner import TokenizedText, bos_ids, read_filler_text
+from hf_kernel_attn.evaluation.long_context.base import TASKS, Sample
+from hf_kernel_attn.evaluation.long_context.niah import NEEDLE as NIAH_NEEDLE
+from hf_kernel_attn.evaluation.long_context.passkey import NEEDLE as PASSKEY_NEEDLE
+from hf_kernel_attn.evaluation.long_context.runner import TokenizedText, bos_ids, read_filler_text
 
 NEEDLE_TASKS = ("passkey", "niah")
 

@@ -6,7 +6,7 @@ positions, argmax agreement (SmolLM2), whether forward and backward are finite, 
 kernel's inputs q/k/v are rounded to bf16 (the model otherwise in fp32), which separates what the kernel's own
 conditioning does with half-precision inputs from what the rest of the model adds. Writes a markdown table.
 
-    python scripts/mixed_precision_drift.py --data-dir ../shared/data --tokens 256 \
+    python docs/results/probes/mixed_precision_drift.py --data-dir ../shared/data --tokens 256 \
         --output docs/results/mixed_precision.md
 """
 
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     print(text)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        command = " ".join(["python scripts/mixed_precision_drift.py", f"--tokens {args.tokens}", *(
+        command = " ".join(["python docs/results/probes/mixed_precision_drift.py", f"--tokens {args.tokens}", *(
             ["--converted", *args.converted] if args.converted else [])])
         Path(args.output).write_text(f"Written by `{command}` (torch {torch.__version__}).\n\n" + text)
     return 0

@@ -11,7 +11,7 @@ query heads. ``--score``:
   ``--instruction-from`` on, past the first tokens that every query attends to): a token that refers to what the
   opening asks to remember.
 
-    python scripts/attention_received_probe.py --model outputs/rl16-s40-c84-o84 --task niah \
+    python docs/long_context/probes/attention_received_probe.py --model outputs/rl16-s40-c84-o84 --task niah \
         --cells 1024@25 2048@50 4096@50 --output docs/results/recall/attention-received-probe-niah.json
 """
 
@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 
-from hf_kernel_attn.evaluation.long_context.needles import probe_prompts
 from hf_kernel_attn.evaluation.runner import ModelSpec
 from hf_kernel_attn.integration.transfer import attention_probe
+
+sys.dont_write_bytecode = True  # no __pycache__ under docs/ (tests/test_doc_links.py names every file here)
+from probe_common import probe_prompts  # noqa: E402  (beside this script)
 
 RETRIEVAL16 = [18, 17, 7, 8, 21, 23, 14, 15, 20, 5, 6, 19, 2, 24, 22, 26]
 

@@ -2,7 +2,7 @@
 (exact softmax heads, sinks, window): greedy decoding from a long prompt with ``generate``'s cache vs recomputing
 the whole sequence at every step (``use_cache=False``). Appends one JSON line per model.
 
-    python scripts/check_converted_generation.py --model outputs/RUN/final [--prompt-tokens 2048]
+    python examples/recipes/check_converted_generation.py --model outputs/RUN/final [--prompt-tokens 2048]
         [--new-tokens 32] [--data-dir ../shared/data] [--output docs/results/recall/cached-generation.jsonl]
 
 The prompt is the first ``--prompt-tokens`` tokens of WikiText-2's validation text (wiki.valid.raw).

@@ -2,8 +2,8 @@
 # The association benchmarks of docs/similarity.md: 3 settings x 6 kernels x 3 seeds, one thread each,
 # resumable (finished runs in the results file are skipped), then the mean ± std table and the leaderboard.
 # Seeds are the outer loop, so a partial sweep already covers every setting and kernel.
-# Usage: bash scripts/similarity_study.sh [RESULTS_DIR]   (default outputs/similarity)
-# The measured sweep ran as: OMP_NUM_THREADS=1 taskset -c 1 bash scripts/similarity_study.sh outputs/similarity
+# Usage: bash examples/recipes/similarity_study.sh [RESULTS_DIR]   (default outputs/similarity)
+# The measured sweep ran as: OMP_NUM_THREADS=1 taskset -c 1 bash examples/recipes/similarity_study.sh outputs/similarity
 # (about 75 CPU-minutes for the 54 runs; CPU-seconds per run are in each record and in the table).
 set -euo pipefail
 OUT=${1:-outputs/similarity}

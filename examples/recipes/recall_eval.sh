@@ -5,7 +5,7 @@
 # NIAH=1 adds the natural-text needle (niah, single key) at the same lengths. Long-context records carry the
 # decode cache bytes after the prompt and the decode ms/token. LENGTHS="1024 2048 4096 8192" sets the passkey
 # lengths (default 1024 2048 4096); the niah lengths stay 1k-4k.
-#   bash scripts/recall_eval.sh NAME MODEL_DIR [eval options, e.g. --kernel softmax --param window=64]
+#   bash examples/recipes/recall_eval.sh NAME MODEL_DIR [eval options, e.g. --kernel softmax --param window=64]
 # One torch thread (run two at once on two cores).
 set -euo pipefail
 name=$1; model=$2; shift 2
