@@ -169,8 +169,8 @@ def test_cli_main_writes_json(tmp_path, capsys):
         assert (tmp_path / "results.png").exists()
 
 
-def test_issue4_suite_script_runs_small(tmp_path):
-    """benchmarks/issue4_targets.sh with QUICK=1 (tiny sizes, no model): every bench part writes its rows."""
+def test_speed_suite_script_runs_small(tmp_path):
+    """benchmarks/speed_suite.sh with QUICK=1 (tiny sizes, no model): every bench part writes its rows."""
     import json
     import os
     import shlex
@@ -178,7 +178,7 @@ def test_issue4_suite_script_runs_small(tmp_path):
     import sys
 
     root = REPO
-    script = root / "benchmarks" / "issue4_targets.sh"
+    script = root / "benchmarks" / "speed_suite.sh"
     # the script calls `hf-kernel-attn`: put a shim first on PATH that runs this checkout with this interpreter
     # (not whatever installed copy PATH would find) and logs each call
     shim_dir, log = tmp_path / "bin", tmp_path / "calls.log"

