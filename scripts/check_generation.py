@@ -1,6 +1,6 @@
-"""Issue-3 acceptance measurements on SmolLM2-135M-Instruct (a normal checkpoint folder, e.g. from
-`hf-kernel-attn convert-gguf`): greedy generation with the recurrent-state cache vs full recomputation,
-cache bytes after 64 and 1,024 tokens, and a hybrid model. Prints one line per check; writes JSON.
+"""Acceptance measurements of the recurrent-state cache on SmolLM2-135M-Instruct (a normal checkpoint folder,
+e.g. from `hf-kernel-attn convert-gguf`): greedy generation with the recurrent-state cache vs full
+recomputation, cache bytes after 64 and 1,024 tokens, and a hybrid model. Prints one line per check; writes JSON.
 
     python scripts/check_generation.py --model CHECKPOINT [--new-tokens 64] [--output results.json]
 """

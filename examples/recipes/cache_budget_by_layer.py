@@ -12,7 +12,7 @@ best-scoring layers share the budget equally, the others keep no cache: the deco
         --average 64 --layers 8 --output outputs/hh-sinks-budget-l8
     bash examples/recipes/recall_eval.sh NAME outputs/hh-sinks-budget-l8
 
-Retrieval layers on a budget (issue 35, route 2): ``--retrieval-cache C`` gives the chosen layers C pairs and
+Retrieval layers on a budget: ``--retrieval-cache C`` gives the chosen layers C pairs and
 ``--other-cache C'`` every other layer C' (instead of sharing ``--average``); ``--retrieval-softmax`` makes every
 query head of a chosen layer a retrieval head on a budget (softmax over its sinks, window and cached pairs, no
 linear part: the state only scores the pairs); ``--retrieval-sinks S`` keeps the prompt's first S tokens (an

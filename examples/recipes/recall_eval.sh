@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 22's comparison for one model, appended to docs/results/recall/NAME.jsonl: WikiText-2 perplexity (first
+# The recall comparison for one model, appended to docs/results/recall/NAME.jsonl: WikiText-2 perplexity (first
 # 40 windows of 512 tokens of wiki.valid.raw), ARC-Easy and LAMBADA (first 200 examples of the development
 # files) from ../shared/data, and, unless PASSKEY=0, the passkey at 1k, 2k and 4k tokens (5 depths x SAMPLES);
 # NIAH=1 adds the natural-text needle (niah, single key) at the same lengths. Long-context records carry the

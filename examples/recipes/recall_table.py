@@ -1,4 +1,4 @@
-"""The issue-22 comparison table from docs/results/recall/*.jsonl (written by examples/recipes/recall_eval.sh) and
+"""The recall comparison table from docs/results/recall/*.jsonl (written by examples/recipes/recall_eval.sh) and
 docs/results/recall/cache-bytes.jsonl (examples/recipes/decode_cache_bytes.py; a record's optional "name" is the row it
 belongs to, else its model folder's parent): one markdown row per model.
 

@@ -1,4 +1,4 @@
-"""Issue 35: would a score from attention keep niah's needle in the sparse cache? For each prompt (the eval task's
+"""Would a score from attention keep niah's needle in the sparse cache? For each prompt (the eval task's
 own, seed 0, first sample of the cell) and each of the given layers, per KV head, a score of every key, blind to
 the question, and the rank of each of the needle value's digit tokens among the non-sink keys that left the window
 before the question (a digit ranked below C would be kept by that score with C slots). Attention is softmax over

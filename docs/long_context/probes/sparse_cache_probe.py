@@ -1,4 +1,4 @@
-"""Issue 35: does the sparse cache hold the passkey, and does the model read it? For passkey prompts (the eval
+"""Does the sparse cache hold the passkey, and does the model read it? For passkey prompts (the eval
 task's own prompts, seed 0, first sample of each cell), after the prompt: how many of the needle's digit pairs
 each layer's sparse cache holds (out of digits x KV heads), how many of all the needle's pairs (its words too),
 and the greedy answer with the cache, and with the
