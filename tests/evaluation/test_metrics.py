@@ -196,7 +196,7 @@ def _average_ranks(x: np.ndarray) -> list[float]:
 def _pearson_by_hand(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """r = Σ(x - x̄)(y - ȳ) / sqrt(Σ(x - x̄)² Σ(y - ȳ)²) in plain Python sums, and its two-sided p-value from
     Student's t with n - 2 degrees of freedom, t = r sqrt((n - 2) / (1 - r²)), through the regularised
-    incomplete beta function: p = I_{ν/(ν + t²)}(ν/2, 1/2) (a different route from scipy.stats.pearsonr, which
+    incomplete beta function: p = I_{ν/(ν + t²)}(ν/2, 1/2) (a different computation from scipy.stats.pearsonr, which
     the metric module calls)."""
     x, y = [float(a) for a in x], [float(b) for b in y]
     mx, my = math.fsum(x) / len(x), math.fsum(y) / len(y)

@@ -1,4 +1,4 @@
-"""Left padding in a plain forward (no position_ids): each row equals the sequence run alone (issue 12).
+"""Left padding in a plain forward (no position_ids): each row equals the sequence run alone.
 
 Without the position hook of ``integration/positions.py`` these comparisons fail on SmolLM2 for the feature-map
 kernels (relative differences of 1e-2 to 5e-1) and on GPT-2 for every kernel (learned absolute positions).

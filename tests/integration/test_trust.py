@@ -1,4 +1,4 @@
-"""Loading a checkpoint runs no code it was not trusted to run (issue 32).
+"""Loading a checkpoint runs no code it was not trusted to run.
 
 A downloaded kernel checkpoint's config.json names the module that defines its kernel
 (``kernel_attention.modules``). Three such modules: (a) one outside the folder with a side effect (the

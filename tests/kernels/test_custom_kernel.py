@@ -1,4 +1,4 @@
-"""Kernels of one's own (issue 21): ``register_kernel``, ``FeatureMapKernel``, the conformance kit
+"""Kernels of one's own: ``register_kernel``, ``FeatureMapKernel``, the conformance kit
 ``hf_kernel_attn.testing.check_kernel``, ``--import`` / ``imports:``, and checkpoints that reload with their
 kernel's module (imported with the user's consent, ``kernel_modules=``). The user kernel lives in
 tests/custom_kernels.py and uses only the public API."""

@@ -367,7 +367,7 @@ def test_softmax_heads(name):
 
 @pytest.mark.parametrize("name, n", [("deltanet", 2048), ("gated_deltanet", 512)])
 def test_smollm2_decodes_from_the_state_like_one_full_forward(name, n, smollm2, fresh, decodes_like_full_forward):
-    """Acceptance (issue 33): SmolLM2 with the delta rule (window 64 + sinks 4, so both the window and the memory
+    """Acceptance: SmolLM2 with the delta rule (window 64 + sinks 4, so both the window and the memory
     matter) greedily decodes 32 tokens after a 2,048-token prompt from its constant-size state; one full forward
     over prompt + generated tokens, with no cache, predicts the same token at every generated position, with
     logits equal to fp32 tolerance. (Gated DeltaNet after 512 tokens, to keep the suite short: its gate is the

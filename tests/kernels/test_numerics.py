@@ -1,4 +1,4 @@
-"""Numerics matrix (issue 12): every kernel in fp32, bf16 and fp16, causal and bidirectional, at N = 1, 2, chunk ± 1,
+"""Numerics matrix: every kernel in fp32, bf16 and fp16, causal and bidirectional, at N = 1, 2, chunk ± 1,
 4k and 32k, with q/k at ×1 and ×100: outputs and gradients finite, half precision within a fixed tolerance of fp32
 on the same rounded inputs (figures in docs/robustness.md). Decoding continues a 32k-token recurrent state.
 

@@ -161,7 +161,7 @@ def test_cached_generation_equals_recomputation_with_left_padding():
 
 @pytest.mark.slow(30)
 def test_smollm2_decodes_with_its_sparse_cache_like_one_full_forward(smollm2, fresh, decodes_like_full_forward):
-    """Acceptance (issue 35): SmolLM2 with hedgehog, window 64 + 4 sinks + a 32-pair sparse cache greedily decodes
+    """Acceptance: SmolLM2 with hedgehog, window 64 + 4 sinks + a 32-pair sparse cache greedily decodes
     32 tokens after a 2,048-token prompt; one full forward over prompt + generated tokens, with no cache, predicts
     the same token at every generated position, with logits equal to fp32 tolerance."""
     fresh(smollm2)

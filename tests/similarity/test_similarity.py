@@ -1,4 +1,4 @@
-"""Issue 10: kernel geometry, plot-kernels, the MQAR / ListOps-style generators and the synthetic runner."""
+"""Kernel geometry, plot-kernels, the MQAR / ListOps-style generators and the synthetic runner."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checkpoint files never unpickle arbitrary objects (issue 32): ``rng.pt`` holds tensors and plain values, every
+"""Checkpoint files never unpickle arbitrary objects: ``rng.pt`` holds tensors and plain values, every
 file loads with ``weights_only=True``, and a tampered file whose pickle would run code is refused without running it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Interrupted runs (issue 12): SIGKILL at seeded random points of a training run (mid-step, mid-log-line,
+"""Interrupted runs: SIGKILL at seeded random points of a training run (mid-step, mid-log-line,
 mid-checkpoint, between the renames), a leaderboard sweep killed while it adds a cell to results.jsonl, and a
 disk that fills up while a checkpoint or the final model is written.
 
