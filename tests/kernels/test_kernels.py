@@ -491,7 +491,7 @@ def test_taylor_cost_model_picks_quadratic_for_short_sequences():
     assert not kern._quadratic_is_cheaper(long, long, long, False)
 
 
-# ------------------------------------------------------------------- short-sequence dispatch (issue 13)
+# ------------------------------------------------------------------- short-sequence dispatch
 
 
 def _taylor_bidirectional_switch(hq, hkv):
