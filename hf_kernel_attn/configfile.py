@@ -4,9 +4,11 @@ the other ground-floor modules (:mod:`.data.files`, :mod:`.model_paths`)."""
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,40 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {key}: cannot parse {raw!r} as YAML ({exc})") from None
     return key.split("."), value
+
+
+def apply_overrides(base: dict[str, Any], overrides: list[str], *, merge: Collection[str] = ()) -> dict[str, Any]:
+    """A copy of ``base`` with each ``--set KEY=VALUE`` of ``overrides`` applied in turn (``base`` is left as it is).
+
+    A dotted key walks down the nested mappings, creating a mapping where there is none (or where a value that is
+    not a mapping stands in the way), and sets the last part: the YAML value replaces what was there. For a key
+    named in ``merge`` (dotted, from the top) a mapping value is merged into the mapping already there instead,
+    key by key, recursively for the keys below it that ``merge`` names too: ``kernel_params={eps: 1e-9}`` with
+    ``merge={"kernel_params"}`` adds ``eps`` to the options the file gives. Errors (a malformed item, an
+    unparsable value) are :class:`ConfigError` naming the key."""
+    result = copy.deepcopy(base)
+    merge = frozenset(merge)
+    for item in overrides:
+        path, value = parse_override(item)
+        node = result
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        _assign(node, path[-1], value, ".".join(path), merge)
+    return result
+
+
+def _assign(node: dict[Any, Any], key: Any, value: Any, full: str, merge: frozenset[str]) -> None:
+    """``node[key] = value``, or, for a key in ``merge`` holding a mapping, ``value``'s keys merged into it."""
+    old = node.get(key)
+    if full in merge and isinstance(old, dict) and isinstance(value, dict):
+        merged = dict(old)
+        for sub, sub_value in value.items():
+            _assign(merged, sub, sub_value, f"{full}.{sub}", merge)
+        node[key] = merged
+    else:
+        node[key] = copy.deepcopy(value)
 
 
 def resolve_package_path(value: str) -> str:

@@ -19,6 +19,7 @@ import yaml
 from ..config import KernelAttentionConfig
 from ..configfile import (  # noqa: F401  (ConfigError and resolve_package_path: public names of the training config)
     ConfigError,
+    apply_overrides,
     nearest_key,
     parse_override,
     read_yaml_file,
@@ -181,11 +182,40 @@ def _merge(base: dict[str, Any], update: dict[str, Any], prefix: str = "",
             base[key] = value
 
 
-def _nest(path: list[str], value: Any) -> dict[str, Any]:
-    out: Any = value
-    for part in reversed(path):
-        out = {part: out}
+def _canonical(tree: dict[str, Any], prefix: str, every_stage: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` (the file's mapping, or a section of it) with the TrainingArguments names replaced by the keys they
+    stand for, in every section (so that a later ``--set`` of the real key replaces the file's alias)."""
+    out = _translate(tree, prefix, every_stage)
+    for key, value in out.items():
+        if isinstance(value, dict) and (prefix == "" and key in ("data", "stages") or prefix == "stages."):
+            out[key] = _canonical(value, f"{prefix}{key}.", every_stage)
     return out
+
+
+def _canonical_override(item: str, every_stage: dict[str, Any]) -> list[str]:
+    """A ``--set`` item with a TrainingArguments name replaced by the key it stands for: ``bf16=true`` is
+    ``mixed_precision=bf16``, a top-level stage name (``learning_rate=...``) goes to ``every_stage``."""
+    path, value = parse_override(item)
+    raw = item.split("=", 1)[1]
+    if len(path) == 1 and path[0] in STAGE_ALIASES:
+        every_stage[STAGE_ALIASES[path[0]]] = value
+        return []
+    if len(path) == 1 and path[0] in PRECISION_FLAGS:
+        return [f"{key}={flag}" for key, flag in _translate({path[0]: value}, "", every_stage).items()]
+    if path[0] in ALIASES:
+        path = [*ALIASES[path[0]].split("."), *path[1:]]
+    elif len(path) >= 3 and path[0] == "stages" and path[2] in STAGE_ALIASES:
+        path[2] = STAGE_ALIASES[path[2]]
+    return [f"{'.'.join(path)}={raw}"]
+
+
+def _merge_keys(file: dict[str, Any]) -> set[str]:
+    """The keys whose mapping value a ``--set`` merges into the file's (:func:`apply_overrides`): the free-form
+    mappings (``kernel_params={eps: 1e-9}`` adds an option) and the sections (``data={seq_len: 8}`` keeps
+    ``data.train``)."""
+    stages = file.get("stages")
+    names = {*stage_names(), *(stages if isinstance(stages, dict) else ())}
+    return {*OPEN_KEYS, "data", "stages", *(f"stages.{name}" for name in names)}
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None,
@@ -200,10 +230,10 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
         data = read_yaml_file(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a YAML mapping, got {type(data).__name__}")
-    updates = [data, *(_nest(*parse_override(item)) for item in overrides or [])]
-    imports = _DEFAULTS["imports"]
-    for update in updates:
-        imports = update.get("imports", imports)
+    every_stage: dict[str, Any] = {}
+    data = _canonical(data, "", every_stage)
+    sets = [line for item in overrides or [] for line in _canonical_override(item, every_stage)]
+    imports = apply_overrides(data, sets).get("imports", _DEFAULTS["imports"])
     _check(isinstance(imports, list) and all(isinstance(m, str) for m in imports),
            f"imports must be a list of module names, got {imports!r}")
     try:
@@ -211,9 +241,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     config = defaults()
-    every_stage: dict[str, Any] = {}
-    for update in updates:
-        _merge(config, update, every_stage=every_stage)
+    _merge(config, apply_overrides(data, sets, merge=_merge_keys(data)), every_stage=every_stage)
     running = [s for s in configured_stages(config) if _is_int(config["stages"][s]["steps"], 1)]
     for key, value in every_stage.items():
         for name in running:
