@@ -97,6 +97,19 @@ def _percent(text: str) -> float | int:
     return int(value) if value.is_integer() else value
 
 
+class _ConfigHelp(argparse.Action):
+    """``finetune --help-config``: print every config key (type, default, help) and exit, as --help does. The
+    text comes from the training config's dataclasses, imported only now (they import torch)."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:  # noqa: A002
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(HELPERS["config_help"]())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description=__doc__,
@@ -151,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config key: dotted key, YAML value (e.g. stages.transfer.steps=50)")
     fin.add_argument("--resume", action="store_true",
                      help="continue from the newest complete checkpoint in output_dir")
+    fin.add_argument("--help-config", action=_ConfigHelp,
+                     help="list every config key with its type, default and meaning, and exit")
     ev = sub.add_parser("eval", help="evaluate a saved or patched model on standard tasks (JSONL records)")
     ev.add_argument("--model", required=True, help=MODEL_HELP)
     ev.add_argument("--gguf-file", default=None, help=GGUF_HELP)
@@ -256,6 +271,8 @@ COMMANDS.register("bench", "hf_kernel_attn.speed.kernel_bench_cli:main")
 # --import MODULE: the kernel registry's importer (imports torch, so only when --import is given)
 HELPERS: Registry[Any] = Registry("command-line helper")
 HELPERS.register("import_modules", "hf_kernel_attn.kernels:import_modules")
+# finetune --help-config: the config keys' help, from the training config's dataclasses (imports torch)
+HELPERS.register("config_help", "hf_kernel_attn.training.config_help:help_text")
 
 
 def split_imports(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -47,7 +47,7 @@ def _is_num(x: Any, low: float = 0.0) -> bool:
 
 @dataclass
 class ModelConfig:
-    """What is converted: the model, its task and the modules to import first."""
+    """Top-level keys: the model converted, its task, the modules imported first."""
 
     model: str | None = _help("folder or hub id; `pkg:NAME/sub` = a folder inside an installed Python package "
                               "(required)", default=None)
@@ -67,7 +67,7 @@ class ModelConfig:
 
 @dataclass
 class KernelConfig:
-    """The attention kernel the model is converted to, where, and what the saved model adds."""
+    """Top-level keys: the kernel, the layers and heads it replaces, what the saved model adds."""
 
     kernel: str | None = _help("the kernel the layers are converted to, as in `hf_kernel_attn.patch` (required)",
                                default=None)
@@ -91,12 +91,13 @@ class KernelConfig:
     inference_layers: dict[int, dict[str, Any]] = _help(
         "`{layer index: kernel options}` added to those layers of the saved model only, on top of "
         "`inference_params`, after training: `{7: {sinks: 40, softmax_heads: [0, 1, 2]}}` makes layer 7 a "
-        "retrieval layer on a budget (docs/long_context.md)", default_factory=dict)
+        "retrieval layer on a budget (with a `sparse_cache`; docs/long_context.md). A layer running another kernel "
+        "(softmax) takes no options here", default_factory=dict)
 
 
 @dataclass
 class BudgetConfig:
-    """How the run computes: seed, threads, the clock of `max_minutes`, precision, memory, sharding."""
+    """Top-level keys: seed, threads, the clock of the minute budgets, precision, memory, sharding."""
 
     seed: int = _help("data order, new heads, LoRA init", default=0)
     threads: int | None = _help("torch threads (null: torch's default)", default=None)
@@ -114,7 +115,7 @@ class BudgetConfig:
 
 @dataclass
 class OutputConfig:
-    """Where the run writes: checkpoints, logs, the final model and its upload."""
+    """Top-level keys: where the run writes checkpoints, logs and the final model, and its upload."""
 
     output_dir: str | None = _help("the run's folder: checkpoints, logs, `final/` (required)", default=None)
     save_every: int = _help("steps between checkpoints (0: none but each stage's end)", default=100)
@@ -134,7 +135,7 @@ class OutputConfig:
 
 @dataclass
 class DataConfig:
-    """``data``: the training text or examples and how they are batched."""
+    """The data section: the training text or examples and how they are batched."""
 
     train: list[str] | str = _help("list of local files, or a hub dataset id (required)", default_factory=list)
     glue_task: str | None = _help("column layout of GLUE files (`sst2`, `mrpc`, `rte`, `cola`, `stsb`, `qnli`)",
@@ -168,10 +169,11 @@ class DataConfig:
 
 @dataclass
 class StageConfig:
-    """``stages.<name>``: the keys every stage has. Each registered stage gets a subclass
-    (:func:`stage_config_class`) with its own defaults and keys."""
+    """The stages section, one mapping per stage: the keys every stage has, then each stage's own.
 
-    stage: ClassVar[str] = "<name>"  # the stage's name, in the error messages
+    Each registered stage gets a subclass (:func:`stage_config_class`) with its defaults and own keys."""
+
+    stage_name: ClassVar[str] = "<name>"  # the stage's name, in the error messages
     steps: int = _help("optimizer steps (0: the stage is skipped)", default=COMMON_DEFAULTS["steps"])
     lr: float = _help("peak learning rate", default=COMMON_DEFAULTS["lr"])
     max_minutes: float | None = _help("ends the stage cleanly (checkpoint, then the next stage) after this many "
@@ -182,7 +184,7 @@ class StageConfig:
     max_grad_norm: float | None = _help("gradient clipping norm (null: none)", default=COMMON_DEFAULTS["max_grad_norm"])
 
     def __post_init__(self) -> None:
-        name = self.stage
+        name = self.stage_name
         _check(_is_int(self.steps), f"stages.{name}.steps must be an integer >= 0, got {self.steps!r}")
         _check(_is_num(self.lr) and self.lr > 0, f"stages.{name}.lr must be a number > 0")
         mm = self.max_minutes
@@ -201,8 +203,8 @@ STAGE_KEYS: dict[str, tuple[str, str]] = {
     "r": ("int", "LoRA rank"),
     "alpha": ("float", "LoRA alpha (the adapters' scale is alpha / r)"),
     "dropout": ("float", "LoRA dropout"),
-    "target_modules": ("list[str] | None", "LoRA: the modules adapted (null: q/k/v/o projections); distill with "
-                                           "`train: full`: only these train"),
+    "target_modules": ("list[str] | None", "LoRA: the modules adapted (null: the model family's attention "
+                                           "projections); distill with `train: full`: only these train"),
     "train_kernel": ("bool", "the kernel's own parameters train too"),
     "temperature": ("float", "distill: τ of the teacher's and student's next-token distributions"),
     "ce_weight": ("float", "distill: the weight of the cross-entropy added to τ² · KL"),
@@ -211,28 +213,39 @@ STAGE_KEYS: dict[str, tuple[str, str]] = {
 _COMMON = {f.name: f for f in dataclasses.fields(StageConfig)}
 
 
-def _factory(value: Any) -> Any:
-    return field(default_factory=lambda: copy.deepcopy(value)) if isinstance(value, (dict, list)) else field(
-        default=value)
+def _default(value: Any, text: str) -> Any:
+    """A field defaulting to ``value`` (a fresh copy each time where it is a list or a mapping)."""
+    if isinstance(value, (dict, list)):
+        return _help(text, default_factory=lambda: copy.deepcopy(value))
+    return _help(text, default=value)
+
+
+_STAGE_CLASSES: dict[tuple[str, type, str], type[StageConfig]] = {}
 
 
 def stage_config_class(name: str) -> type[StageConfig]:
     """The dataclass of ``stages.<name>`` for the stage registered as ``name``: the common keys with the stage's
-    defaults, then its own keys (type and help from :data:`STAGE_KEYS`, else the default's type)."""
-    own = STAGE_TYPES[name].defaults
+    defaults, then its own keys (type and help from :data:`STAGE_KEYS`, else the default's type). One class per
+    registered stage class and defaults (equal configs compare equal)."""
+    stage = STAGE_TYPES[name]
+    key = (name, stage, repr(stage.defaults))
+    if key not in _STAGE_CLASSES:
+        _STAGE_CLASSES[key] = _build_stage_class(name, stage.defaults)
+    return _STAGE_CLASSES[key]
+
+
+def _build_stage_class(name: str, own: dict[str, Any]) -> type[StageConfig]:
     specs: list[tuple[str, Any, Any]] = []
     for key, value in {**COMMON_DEFAULTS, **own}.items():
         if key in _COMMON:
             base = _COMMON[key]
-            specs.append((key, base.type, field(default=value, metadata=base.metadata)))
+            specs.append((key, base.type, _default(value, base.metadata["help"])))
             continue
         kind, text = STAGE_KEYS.get(key, (type(value).__name__ if value is not None else "Any", f"stage {name}'s key"))
-        spec = _factory(value)
-        spec.metadata = {"help": text}  # type: ignore[misc]
-        specs.append((key, kind, spec))
+        specs.append((key, kind, _default(value, text)))
     title = "".join(part.title() for part in name.split("_"))
     return dataclasses.make_dataclass(f"{title}StageConfig", specs, bases=(StageConfig,),
-                                      namespace={"stage": name})
+                                      namespace={"stage_name": name})
 
 
 def field_defaults(cls: type) -> dict[str, Any]:
