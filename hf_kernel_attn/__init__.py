@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _registration
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # public name -> the module that defines it
 _EXPORTS = {

@@ -1,4 +1,5 @@
-"""Every fenced ``bash`` and ``python`` block of the README runs offline, in order, as a newcomer would paste it.
+"""Every fenced ``bash`` and ``python`` block of the README, then of docs/usage.md (the README's longer companion),
+runs offline, in order, as a newcomer would paste it.
 
 The blocks run in one scratch folder laid out like a clone beside the shared data (``work/`` holding links to
 ``configs/``, ``scripts/``, ``examples/``, ``benchmarks/``; ``shared/`` beside it, so ``--data-dir ../shared/data``
@@ -28,6 +29,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+PAGES = (README, ROOT / "docs" / "usage.md")  # run in this order: usage.md's blocks read what the README's wrote
 DATA = ROOT.parent / "shared" / "data"
 LINKED = ("configs", "scripts", "examples", "benchmarks", "docs", "constraints.txt")
 DIRECTIVE = re.compile(r"<!--\s*readme-test:\s*(sub|skip)\s+(.*?)\s*-->", re.S)
@@ -43,11 +45,16 @@ class Block:
     text: str
     subs: list[tuple[str, str]] = field(default_factory=list)
     skip: str | None = None
+    page: str = "README.md"
+
+    @property
+    def where(self) -> str:
+        return f"{self.page} line {self.line}"
 
     def runnable_text(self) -> str:
         text = self.text
         for old, new in self.subs:
-            assert old in text, f"README line {self.line}: readme-test sub {old!r} does not occur in its block"
+            assert old in text, f"{self.where}: readme-test sub {old!r} does not occur in its block"
             text = text.replace(old, new)
         return text
 
@@ -99,7 +106,14 @@ def test_directives_are_read():
     assert blocks[2].skip == "needs a GPU" and blocks[3].skip is None
 
 
-RUNNABLE = [b for b in readme_blocks(README.read_text()) if b.language in ("bash", "python")]
+def page_blocks(page: Path) -> list[Block]:
+    blocks = readme_blocks(page.read_text())
+    for block in blocks:
+        block.page = str(page.relative_to(ROOT))
+    return blocks
+
+
+RUNNABLE = [b for page in PAGES for b in page_blocks(page) if b.language in ("bash", "python")]
 
 
 @pytest.fixture(scope="module")
@@ -116,11 +130,11 @@ def workdir(tmp_path_factory) -> Path:
 
 
 def test_every_block_is_runnable_or_says_why_not():
-    assert RUNNABLE, "no bash/python blocks found in the README"
+    assert [b for b in RUNNABLE if b.page == "README.md"], "no bash/python blocks found in the README"
     for block in RUNNABLE:
-        assert block.skip is None or len(block.skip) > 20, f"README line {block.line}: a skip must say why"
-    skipped = [b.line for b in RUNNABLE if b.skip]
-    assert len(skipped) <= 2, f"README blocks not run by this test (lines {skipped}): at most the set-up/test ones"
+        assert block.skip is None or len(block.skip) > 20, f"{block.where}: a skip must say why"
+    skipped = [b.where for b in RUNNABLE if b.skip]
+    assert len(skipped) <= 2, f"blocks not run by this test ({skipped}): at most the set-up/test ones"
 
 
 def _run_block(block: Block, workdir: Path) -> subprocess.CompletedProcess:
@@ -131,7 +145,7 @@ def _run_block(block: Block, workdir: Path) -> subprocess.CompletedProcess:
     if block.language == "bash":
         cmd = ["bash", "-euo", "pipefail", "-c", text]
     else:
-        script = workdir / f"readme_line{block.line}.py"
+        script = workdir / f"{Path(block.page).stem}_line{block.line}.py"
         script.write_text(text)
         cmd = [sys.executable, str(script)]
     return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
@@ -149,9 +163,9 @@ def test_every_readme_block_runs_offline_in_order(workdir: Path):
         start = time.perf_counter()
         proc = _run_block(block, workdir)
         seconds = time.perf_counter() - start
-        print(f"README line {block.line} ({block.language}): exit {proc.returncode} in {seconds:.0f} s")
+        print(f"{block.where} ({block.language}): exit {proc.returncode} in {seconds:.0f} s")
         assert proc.returncode == 0, (
-            f"README line {block.line} ({block.language}) failed with exit {proc.returncode} (after lines {ran} "
+            f"{block.where} ({block.language}) failed with exit {proc.returncode} (after {ran} "
             f"ran):\n{block.runnable_text()}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-4000:]}")
-        ran.append(block.line)
+        ran.append(block.where)
     assert ran
