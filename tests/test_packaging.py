@@ -1,18 +1,26 @@
-"""setup.cfg's dependency bounds and constraints.txt tell one story: every requirement of the package and of its
-extras is pinned in constraints.txt (what scripts/setup.sh and CI install), each upper bound is exactly the tested
-pin, and each pin lies inside its bounds. Read with ``packaging`` and ``configparser``, not with project code."""
+"""setup.cfg's dependency ranges, constraints.txt (the newest tested set) and constraints-min.txt (the lowest
+supported set) tell one story: every requirement of the package and of its extras has a lower bound, is pinned at
+exactly that bound in constraints-min.txt and inside its range in constraints.txt; no upper bound shuts out a tested
+version or the releases the package promises to install beside (torch 2.8-2.15, transformers 5.2-5.25: kvpress
+needs transformers < 5.3); CI runs the suite on both sets. Read with ``packaging`` and ``configparser``, not with
+project code."""
 
 from __future__ import annotations
 
 import configparser
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
-BOUNDED = {"torch", "transformers", "accelerate", "peft", "lm-eval", "trl", "sentence-transformers"}
+# releases a user may already have that installing the plugin must keep (the promise in setup.cfg's comment)
+MUST_ADMIT = {
+    "torch": ["2.4.0", "2.8.0", "2.9.1", "2.12.0", "2.13.0", "2.14.1", "2.15.0"],
+    "transformers": ["5.0.0", "5.2.0", "5.10.1", "5.24.0", "5.25.0"],
+}
 
 
 def _requirements() -> list[Requirement]:
@@ -24,19 +32,26 @@ def _requirements() -> list[Requirement]:
     return [Requirement(line.strip()) for line in lines if line.strip() and not line.strip().startswith("#")]
 
 
-def _pins() -> dict[str, Version]:
+def _pins(filename: str) -> dict[str, Version]:
     pins = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
+    for line in (ROOT / filename).read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             name, _, version = line.partition("==")
-            assert version, f"constraints.txt: {line!r} is not NAME==VERSION"
+            assert version, f"{filename}: {line!r} is not NAME==VERSION"
+            assert canonicalize_name(name) not in pins, f"{filename} pins {name} twice"
             pins[canonicalize_name(name)] = Version(version)
     return pins
 
 
+def _lower_bound(req: Requirement) -> Version:
+    lowers = [Version(s.version) for s in req.specifier if s.operator == ">="]
+    assert len(lowers) == 1, f"setup.cfg: {req} needs one lower bound (>=, the oldest version tested)"
+    return lowers[0]
+
+
 def test_every_requirement_is_pinned_within_its_bounds():
-    pins = _pins()
+    pins = _pins("constraints.txt")
     for req in _requirements():
         name = canonicalize_name(req.name)
         assert name in pins, f"{req} (setup.cfg) has no tested pin in constraints.txt"
@@ -44,25 +59,43 @@ def test_every_requirement_is_pinned_within_its_bounds():
             f"constraints.txt pins {name}=={pins[name]}, outside setup.cfg's {req}")
 
 
-def test_the_named_packages_have_a_tested_upper_bound_equal_to_the_pin():
-    pins = _pins()
+def test_lowest_constraints_pin_every_requirement_at_its_lower_bound():
+    lowest = _pins("constraints-min.txt")
+    floors: dict[str, Version] = {}
+    for req in _requirements():
+        name = canonicalize_name(req.name)
+        floor = _lower_bound(req)
+        assert floors.setdefault(name, floor) == floor, f"setup.cfg gives {name} two lower bounds"
+        assert name in lowest, f"{req} (setup.cfg) is not pinned at its lower bound in constraints-min.txt"
+        assert lowest[name] == floor, f"constraints-min.txt pins {name}=={lowest[name]}, setup.cfg's floor is {floor}"
+    assert set(lowest) == set(floors), (
+        f"constraints-min.txt pins packages setup.cfg does not require: {sorted(set(lowest) - set(floors))}")
+
+
+def test_no_upper_bound_shuts_out_a_tested_or_promised_release():
+    newest = _pins("constraints.txt")
     seen = set()
     for req in _requirements():
         name = canonicalize_name(req.name)
-        uppers = [Version(s.version) for s in req.specifier if s.operator == "<="]
-        if name in BOUNDED:
-            assert uppers, f"setup.cfg: {req} needs an upper bound (the newest version tested)"
-            lowers = [Version(s.version) for s in req.specifier if s.operator == ">="]
-            assert lowers, f"setup.cfg: {req} needs a lower bound (the oldest version tested)"
-        for upper in uppers:
-            assert upper == pins[name], f"setup.cfg: {req}'s upper bound is not the tested pin {pins[name]}"
+        for version in MUST_ADMIT.get(name, []):
+            assert req.specifier.contains(version), f"setup.cfg: {req} refuses {name} {version}"
+        assert req.specifier.contains(newest[name]), f"setup.cfg: {req} refuses the tested {name} {newest[name]}"
         seen.add(name)
-    assert BOUNDED <= seen, f"setup.cfg does not require {sorted(BOUNDED - seen)}"
+    assert set(MUST_ADMIT) <= seen
 
 
-def test_setup_script_installs_with_the_constraints():
+@pytest.mark.parametrize("name", ["torch", "transformers", "accelerate", "peft", "datasets", "evaluate"])
+def test_the_main_libraries_have_a_range_not_a_pin(name):
+    (req,) = [r for r in _requirements() if canonicalize_name(r.name) == name]
+    assert _lower_bound(req) < _pins("constraints.txt")[name], (
+        f"setup.cfg: {req} admits only the tested {name}; a user's own {name} would be replaced")
+
+
+def test_setup_and_ci_install_with_the_constraints():
     script = (ROOT / "scripts" / "setup.sh").read_text()
     installs = [line for line in script.splitlines() if "pip install" in line and not line.lstrip().startswith("#")]
     assert installs and all("-c constraints.txt" in line for line in installs), installs
+    lowest = (ROOT / "scripts" / "check_lowest.sh").read_text()
+    assert "constraints-min.txt" in lowest and "pytest" in lowest
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "bash scripts/setup.sh" in ci
+    assert "bash scripts/setup.sh" in ci and "bash scripts/check_lowest.sh" in ci

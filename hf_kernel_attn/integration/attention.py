@@ -27,8 +27,8 @@ UNSUPPORTED_KWARGS = ("softcap", "s_aux")
 
 def padding_mask(
     batch_size: int,
-    q_length: int,
-    kv_length: int,
+    q_length: int | None = None,  # transformers < 5.4 passes cache_position (in kwargs) instead
+    kv_length: int = 0,
     q_offset: int = 0,
     kv_offset: int = 0,
     mask_function: Any = None,

