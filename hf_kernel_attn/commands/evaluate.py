@@ -14,7 +14,7 @@ from ..evaluation.lm_eval_tasks import local_task_args, register_model
 from ..evaluation.runner import ModelSpec, run_eval, summary_table
 from ..kernel_args import check_param_targets, kernel_options, parse_kernel_spec, parse_params
 from ..kernels import SOFTMAX
-from ..leaderboard.sweep import leaderboard
+from ..leaderboard.runner import leaderboard
 from ..model_paths import locate_model
 from ..training.model_card import add_eval_results
 

@@ -202,7 +202,10 @@ def speed_figure(rows: Sequence[tuple[str, str]], columns: Sequence[str], cell: 
     return fig
 
 
-def write_plots(out: Path, rows, columns, cell, chances, speed_rows=(), timed_as=None) -> list[Path]:
+def write_plots(out: Path, rows: Sequence[tuple[str, str]], columns: Sequence[str],
+                cell: Mapping[Key, dict[str, Any]], chances: Mapping[Key, Chance | None],
+                speed_rows: Sequence[dict[str, Any]] = (),
+                timed_as: Mapping[tuple[str, str], tuple[str, str]] | None = None) -> list[Path]:
     """Write the heat map and (with timings) the speed plot into ``out``; the paths written (none without
     matplotlib)."""
     try:

@@ -155,7 +155,7 @@ def test_speed_plot_has_every_timed_model_a_title_and_a_legend():
 
 
 def test_render_writes_the_chance_notes_and_plots(tmp_path):
-    from hf_kernel_attn.leaderboard.sweep import render
+    from hf_kernel_attn.leaderboard.render import render
 
     cfg = {"output_dir": str(tmp_path), "split": "validation", "data_dir": None, "limit": None,
            "models": [{"name": "enc", "kernels": ["softmax", "elu", "relu"], "tasks": ["stsb_embedding"]}]}
@@ -172,10 +172,10 @@ def test_render_writes_the_chance_notes_and_plots(tmp_path):
 
 
 def test_heartbeat_prints_while_a_step_runs_and_stops_after(monkeypatch, capsys):
-    from hf_kernel_attn.leaderboard import sweep
+    from hf_kernel_attn.leaderboard import progress
 
-    monkeypatch.setattr(sweep, "HEARTBEAT_SECONDS", 0.05)
-    with sweep.heartbeat("slow step", lambda: "3/4 forwards"):
+    monkeypatch.setattr(progress, "HEARTBEAT_SECONDS", 0.05)
+    with progress.heartbeat("slow step", lambda: "3/4 forwards"):
         time.sleep(0.4)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) >= 3 and all(ln == "slow step: still running (0 s); 3/4 forwards" for ln in lines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from hf_kernel_attn.leaderboard.sweep import load_leaderboard_config
+from hf_kernel_attn.leaderboard.config import load_leaderboard_config
 from tests.paths import REPO
 
 QUICK = REPO / "configs" / "leaderboard" / "quick.yaml"

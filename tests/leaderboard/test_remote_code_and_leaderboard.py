@@ -149,7 +149,7 @@ def test_leaderboard_renders_skips_and_resumes(tiny_llama, tiny_bert, tmp_path):
 
 
 def test_leaderboard_config_errors(tmp_path):
-    from hf_kernel_attn.leaderboard.sweep import load_leaderboard_config
+    from hf_kernel_attn.leaderboard.config import load_leaderboard_config
 
     def write(cfg):
         p = tmp_path / "c.yaml"
@@ -185,7 +185,7 @@ def test_heat_map_colours_zero_scores():
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from hf_kernel_attn.leaderboard.sweep import HEAT_RANGE, heat_values
+    from hf_kernel_attn.leaderboard.plots import HEAT_RANGE, heat_values
 
     ratios = np.array([[0.0, 0.5, 1.0], [1.7, np.nan, 40.0]])
     values = heat_values(ratios)
@@ -204,9 +204,9 @@ def test_heat_map_colours_zero_scores():
 def test_leaderboard_prints_progress_in_every_phase(tiny_llama, tiny_bert, tmp_path, monkeypatch, capsys):
     """Each cell says when it starts and what it scored, the speed benchmark each (model, kernel) it timed (the
     encoder too), the plots where they went; a phase running longer than HEARTBEAT_SECONDS prints a heartbeat."""
-    from hf_kernel_attn.leaderboard import sweep
+    from hf_kernel_attn.leaderboard import progress, runner
 
-    monkeypatch.setattr(sweep, "HEARTBEAT_SECONDS", 0.25)
+    monkeypatch.setattr(progress, "HEARTBEAT_SECONDS", 0.25)
     cfg = {"output_dir": str(tmp_path / "lb"), "data_dir": str(DATA), "context": 32, "jobs": 1,
            "speed": {"length": 16, "repeats": 1}, "limit": {"wikitext2": 1, "stsb_embedding": 8},
            "models": [{"name": "tiny-llama", "model": str(tiny_llama), "kernels": ["softmax", "elu"],
@@ -215,7 +215,7 @@ def test_leaderboard_prints_progress_in_every_phase(tiny_llama, tiny_bert, tmp_p
                        "tasks": ["stsb_embedding"]}]}
     path = tmp_path / "lb.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    sweep.leaderboard(path)
+    runner.leaderboard(path)
     out = capsys.readouterr().out.splitlines()
 
     def index(prefix: str) -> int:
