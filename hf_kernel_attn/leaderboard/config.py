@@ -73,7 +73,9 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     """``--set KEY=VALUE`` on a leaderboard config: a dotted key (an integer part indexes a list, e.g.
     ``models.2.finetune_set``), a YAML value, as ``finetune --set`` takes them. Mappings on the way are created
     where the config has none (``speed.repeats=1`` with ``speed: null``); a bad index is a ValueError naming the
-    list's length. The result is checked like the file itself."""
+    list's length. The result is checked like the file itself. (Not yet
+    :func:`hf_kernel_attn.configfile.apply_overrides`: that one replaces a list in the way by a mapping instead
+    of indexing it.)"""
     for item in overrides:
         try:
             path, value = parse_override(item)
