@@ -53,7 +53,7 @@ from torch import nn
 from . import linear
 from .base import LayerShape, accum, group_queries, number_in, one_of, option, ungroup_output
 from .delta_rule import DEFAULT_CHUNK, delta_rule_chunk, delta_rule_naive, delta_rule_recurrent
-from .feature_maps.base import LinearKernel, LinearOptions, dense
+from .feature_maps.base import AttentionCall, LinearKernel, LinearOptions, dense
 from .feature_maps.elu import positive_elu
 from .feature_maps.gated import (
     ROPE_PAIRS,
@@ -117,6 +117,7 @@ class GatedDeltaNetOptions(DeltaNetOptions):
 class DeltaNetKernel(LinearKernel):
     """DeltaNet: the delta rule on L2-normalised φ(q), φ(k) with a learnable write strength β_t (module docstring)."""
     supports_sparse_cache: ClassVar[bool] = False  # a delta-rule state cannot give a pair back
+    packs_window_state: ClassVar[bool] = False  # its memory is its own, not the packed layout's [S, z]
 
     name = "deltanet"
     kind: ClassVar[str] = "delta"
@@ -294,10 +295,10 @@ class DeltaNetKernel(LinearKernel):
 
     # -------------------------------------------------------------------------------------------- forms
 
-    def _feature_map_with_state(self, q, k, v, key_mask, causal, scaling, state, offset, need_state):
-        if self.window:
-            return self._delta_windowed(q, k, v, key_mask, scaling, state, offset)
-        return self._delta_causal(q, k, v, key_mask, scaling, state, offset)
+    def feature_map_forward(self, q, k, v, call: AttentionCall):
+        """The delta rule's memory (its own state: :attr:`packs_window_state` is False), alone or with the window."""
+        args = (q, k, v, call.key_mask, call.scaling, call.state, call.offset)
+        return self._delta_windowed(*args) if self.window else self._delta_causal(*args)
 
     def _run(self, qn, kn, vv, beta, log_alpha, s):
         """The recurrent step for a few tokens (decoding), the chunked form otherwise."""
@@ -327,7 +328,7 @@ class DeltaNetKernel(LinearKernel):
 
         if prefix > 0:
             _, s = self._run(None, *keys(slice(0, prefix)), s)
-        if self._needs_grad(q, k, v, state):
+        if self.needs_grad(q, k, v, state):
             qn = self.feature_q(group_queries(dense(q), hkv), None, scaling)
             o, s = self._run(qn, *keys(slice(prefix, m)), s)
             out = ungroup_output(o).to(q.dtype)

@@ -345,16 +345,16 @@ def estimate_flops(kernel: Kernel, n: int, *, batch: int = 1, causal: bool, back
         chunk = kernel.options.chunk_size
         closed = kernel.has_closed_form and not backward  # the no-grad path scores from q·k
         meta = [torch.empty(batch, h, n, d, device="meta") for h in (hq, hkv, hkv)]
-        if causal and closed and kernel._quadratic_is_cheaper(*meta, False):
+        if causal and closed and kernel.quadratic_is_cheaper(*meta, False):
             per_seq = _quadratic_causal_flops(n, batch, hq, d, dv)
         elif causal and kernel.is_gated and not getattr(kernel.options, "window", 0):
             # without autograd a block of whole chunks at a time, with it one call
-            block = n if backward else kernel._block_length(batch * hq)
+            block = n if backward else kernel.block_length(batch * hq)
             lengths = [min(block, n - start) for start in range(0, n, block)]
             per_seq = _gated_scan_flops(lengths, chunk, f, dv, hq, hkv, gate_dim(kernel))
         elif causal:
             per_seq = _chunked_causal_flops(n, chunk, f, dv, hq, hkv, d if closed else None)
-        elif closed and kernel._quadratic_is_cheaper(*meta, False, causal=False):
+        elif closed and kernel.quadratic_is_cheaper(*meta, False, causal=False):
             per_seq = hq * 2.0 * n * n * (d + dv + 1)  # closed-form scores on D coordinates, then V
         elif kernel.is_gated:  # two gated scans, forwards and backwards
             per_seq = 2 * _gated_scan_flops([n], chunk, f, dv, hq, hkv, gate_dim(kernel))

@@ -466,7 +466,7 @@ def test_taylor_quadratic_and_scan_paths(quadratic_below, heads):
     state each returns, and decoding continued from it."""
     hq, hkv = heads
     kern = make_kernel("taylor", hq, hkv, {"chunk_size": 7, "quadratic_below": quadratic_below}, max_positions=400)
-    assert kern._quadratic_is_cheaper(*make_inputs(1, hq, hkv, 150, 150), True) == bool(quadratic_below)
+    assert kern.quadratic_is_cheaper(*make_inputs(1, hq, hkv, 150, 150), True) == bool(quadratic_below)
     q, k, v = make_inputs(2, hq, hkv, 154, 154, seed=21)
     mask = make_mask(2, 154, True, pad=10)
     with torch.no_grad():
@@ -487,8 +487,8 @@ def test_taylor_quadratic_and_scan_paths(quadratic_below, heads):
 def test_taylor_cost_model_picks_quadratic_for_short_sequences():
     kern = make_kernel("taylor", 8, 8, head_dim=64, max_positions=65536)
     short, long = (torch.zeros(1, 8, n, 64) for n in (1024, 16384))
-    assert kern._quadratic_is_cheaper(short, short, short, False)
-    assert not kern._quadratic_is_cheaper(long, long, long, False)
+    assert kern.quadratic_is_cheaper(short, short, short, False)
+    assert not kern.quadratic_is_cheaper(long, long, long, False)
 
 
 # ------------------------------------------------------------------- short-sequence dispatch
@@ -499,7 +499,7 @@ def _taylor_bidirectional_switch(hq, hkv):
     kern = make_kernel("taylor", hq, hkv)
     for n in range(1, 4096):
         x = torch.zeros(1, hq, n, D)
-        if not kern._quadratic_is_cheaper(x, x[:, :hkv], torch.zeros(1, hkv, n, DV), False, causal=False):
+        if not kern.quadratic_is_cheaper(x, x[:, :hkv], torch.zeros(1, hkv, n, DV), False, causal=False):
             return n
     raise AssertionError("no switch below 4096")
 
@@ -524,7 +524,7 @@ def test_taylor_bidirectional_switch_boundary(heads):
     kern = make_kernel("taylor", hq, hkv, max_positions=256)
     for n in (switch - 1, switch, switch + 1):
         q, k, v = make_inputs(2, hq, hkv, n, n, seed=n)
-        assert kern._quadratic_is_cheaper(q, k, v, False, causal=False) == (n < switch)
+        assert kern.quadratic_is_cheaper(q, k, v, False, causal=False) == (n < switch)
         with torch.no_grad():
             check(kern, q, k, v, make_mask(2, n, False, pad=5), False, SCALING)
 
@@ -533,8 +533,8 @@ def test_taylor_bidirectional_cost_model_at_encoder_lengths():
     """MiniLM's shape (12 heads, D = 32): quadratic up to a few hundred tokens, features at 4k."""
     kern = make_kernel("taylor", 12, 12, head_dim=32, max_positions=8192)
     short, long = (torch.zeros(1, 12, n, 32) for n in (128, 4096))
-    assert kern._quadratic_is_cheaper(short, short, short, False, causal=False)
-    assert not kern._quadratic_is_cheaper(long, long, long, False, causal=False)
+    assert kern.quadratic_is_cheaper(short, short, short, False, causal=False)
+    assert not kern.quadratic_is_cheaper(long, long, long, False, causal=False)
 
 
 def test_skyformer_exact_form_is_exact_gaussian():

@@ -148,7 +148,7 @@ def tiny_blocks(monkeypatch):
 @pytest.mark.parametrize("name", LINEAR)
 def test_blocked_path_across_blocks(name, tiny_blocks):
     kern = make_kernel(name, 4, 2, {"chunk_size": 7}, max_positions=400)
-    assert kern._block_length(8) == 7
+    assert kern.block_length(8) == 7
     q, k, v = make_inputs(2, 4, 2, 150, 150, seed=11)
     mask = make_mask(2, 150, True, pad=10)
     with torch.no_grad():
