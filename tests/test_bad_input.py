@@ -505,7 +505,7 @@ def test_training_data_errors_before_the_model_loads(tmp_path, task, content, fr
     ],
 )
 def test_leaderboard_yaml_errors(tmp_path, edit, fragments):
-    from hf_kernel_attn.leaderboard.sweep import load_leaderboard_config
+    from hf_kernel_attn.leaderboard.config import load_leaderboard_config
 
     cfg = {"output_dir": str(tmp_path / "lb"),
            "models": [{"name": "m", "model": "x", "kernels": ["softmax"], "tasks": ["wikitext2"]}]}
@@ -518,7 +518,7 @@ def test_leaderboard_yaml_errors(tmp_path, edit, fragments):
 
 
 def test_leaderboard_yaml_syntax_error(tmp_path):
-    from hf_kernel_attn.leaderboard.sweep import load_leaderboard_config
+    from hf_kernel_attn.leaderboard.config import load_leaderboard_config
 
     path = tmp_path / "lb.yaml"
     path.write_text("output_dir: x\nmodels:\n  - name: m\n   model: y\n")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fileio import read_jsonl
-from ..leaderboard.sweep import render
+from ..leaderboard.render import render
 from .synthetic import TRAIN_KERNELS
 
 
@@ -66,7 +66,7 @@ def table(records: list[dict[str, Any]]) -> str:
 
 
 def render_leaderboard(records: list[dict[str, Any]], output_dir: str | Path) -> None:
-    """The records through ``leaderboard.sweep.render`` (rows: seed × kernel, columns: settings)."""
+    """The records through ``leaderboard.render.render`` (rows: seed × kernel, columns: settings)."""
     seeds = sorted({r["seed"] for r in records})
     settings = sorted({r["task"] for r in records})
     kernels = [k for k in TRAIN_KERNELS if any(r["kernel"] == k for r in records)]

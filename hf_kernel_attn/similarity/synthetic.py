@@ -20,7 +20,7 @@ The model (``LlamaForCausalLM`` from the setting's YAML) is patched with ``hf_ke
 kernel=K)`` — softmax too, so every kernel runs through the same path — and trained with AdamW on the
 answer positions only. Accuracy is measured on a fixed held-out set drawn from the setting's eval seed;
 training examples that coincide with a held-out example are redrawn. Results are leaderboard records
-(the ``results.jsonl`` schema of ``leaderboard/sweep.py``).
+(the ``results.jsonl`` schema of ``leaderboard/runner.py``).
 """
 
 from __future__ import annotations

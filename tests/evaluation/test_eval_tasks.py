@@ -27,7 +27,7 @@ from hf_kernel_attn.evaluation.tasks import (
     model_kind,
     register_eval_task,
 )
-from hf_kernel_attn.leaderboard.sweep import MAIN_METRIC
+from hf_kernel_attn.leaderboard.render import MAIN_METRIC
 from tests.paths import REPO
 
 ROOT = REPO

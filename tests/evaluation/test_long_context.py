@@ -234,7 +234,7 @@ def test_eval_command_writes_length_and_depth(smollm2_dir, tmp_path):
 
 
 def test_leaderboard_long_context_columns_and_plots(tmp_path):
-    from hf_kernel_attn.leaderboard.sweep import render
+    from hf_kernel_attn.leaderboard.render import render
 
     cfg = {"output_dir": str(tmp_path), "split": "validation", "data_dir": DATA, "limit": None,
            "lengths": [512, 1024], "depths": [0, 100],
@@ -267,7 +267,7 @@ def test_leaderboard_long_context_columns_and_plots(tmp_path):
 def test_shipped_long_context_profiles_load(tmp_path):
     import yaml
 
-    from hf_kernel_attn.leaderboard.sweep import load_leaderboard_config
+    from hf_kernel_attn.leaderboard.config import load_leaderboard_config
 
     for name in ("long-context-quick.yaml", "long-context.yaml", "long-context-8k.yaml", "long-context-full.yaml"):
         cfg = load_leaderboard_config((REPO / "configs" / "leaderboard") / name)

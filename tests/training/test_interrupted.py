@@ -450,7 +450,8 @@ def test_cli_reports_a_full_disk_without_a_traceback(tmp_path, monkeypatch, caps
 def test_leaderboard_killed_while_adding_a_cell(tiny_llama, tmp_path):
     """A kill with the new results file half written (second cell) leaves results.jsonl as it was (one whole
     cell); the rerun keeps that cell byte for byte, computes the rest once, and cleans the temporary file."""
-    from hf_kernel_attn.leaderboard.sweep import load_leaderboard_config, run_leaderboard
+    from hf_kernel_attn.leaderboard.config import load_leaderboard_config
+    from hf_kernel_attn.leaderboard.runner import run_leaderboard
 
     data = tmp_path / "data" / "wikitext-2-raw"
     data.mkdir(parents=True)  # a short text: tokenising the whole validation file would dominate the test
