@@ -143,10 +143,12 @@ def test_cache_bytes_do_not_grow_with_the_context():
     assert sizes[0] == sizes[1] == sizes[2] > 0
 
 
-def test_cached_generation_equals_recomputation_with_left_padding():
+@pytest.mark.parametrize("capacity, block, sinks", [(4, 3, 2), (20_000, 3, 2), (4, 30_000, 2), (4, 3, 30_000)])
+def test_cached_generation_equals_recomputation_with_left_padding(capacity, block, sinks):
+    """Also with a cache, a block or sinks far larger than the 60 tokens (slots grown with use while decoding)."""
     model = tiny_lm()
-    hf_kernel_attn.patch(model, kernel="hedgehog", window=6, sinks=2, window_mix=True, sparse_cache=4,
-                         sparse_block=3)
+    hf_kernel_attn.patch(model, kernel="hedgehog", window=6, sinks=sinks, window_mix=True, sparse_cache=capacity,
+                         sparse_block=block)
     ids = torch.randint(1, 97, (2, 40), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[1, :5] = 0
