@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1] / "hf_kernel_attn"
 
 # docs/design.md, "The package map": a module may import its own layer's and lower layers' modules
 LAYERS = {
-    0: {"<root>", "_registration", "registry", "fileio", "events", "model_paths", "data", "kernel_args",
-        "configfile", "catalog"},
+    0: {"<root>", "_registration", "registry", "fileio", "events", "model_paths", "checkpoint_files", "data",
+        "kernel_args", "configfile", "catalog"},
     1: {"kernels"},
     2: {"config", "integration"},
     3: {"evaluation", "speed", "testing"},
@@ -219,8 +219,8 @@ def test_tests_mirror_the_package_without_path_edits_or_imports_of_other_test_mo
     when it runs as a script."""
     tests = ROOT.parent / "tests"
     flat = sorted(p.name for p in tests.glob("test_*.py"))
-    assert set(flat) <= {"test_bad_input.py", "test_cli.py", "test_doc_links.py", "test_examples.py",
-                         "test_kernel_args.py", "test_package_layout.py", "test_packaging.py", "test_readme.py",
+    assert set(flat) <= {"test_bad_input.py", "test_cli.py", "test_configfile.py", "test_doc_links.py",
+                         "test_examples.py", "test_kernel_args.py", "test_package_layout.py", "test_packaging.py", "test_readme.py",
                          "test_registry.py"}, flat
     problems = []
     for path in sorted(tests.rglob("*.py")):

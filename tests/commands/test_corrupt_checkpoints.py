@@ -20,14 +20,9 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from hf_kernel_attn.checkpoint_files import checkpoint_problem, safetensors_problem
 from hf_kernel_attn.cli import main
-from hf_kernel_attn.model_paths import (
-    CorruptCheckpointError,
-    checkpoint_problem,
-    load_errors,
-    locate_model,
-    safetensors_problem,
-)
+from hf_kernel_attn.model_paths import CorruptCheckpointError, load_errors, locate_model
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
