@@ -81,26 +81,51 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
-def apply_overrides(base: dict[str, Any], overrides: list[str], *, merge: Collection[str] = ()) -> dict[str, Any]:
+def apply_overrides(base: dict[str, Any], overrides: list[str], *, merge: Collection[str] = (),
+                    lists: bool = False) -> dict[str, Any]:
     """A copy of ``base`` with each ``--set KEY=VALUE`` of ``overrides`` applied in turn (``base`` is left as it is).
 
     A dotted key walks down the nested mappings, creating a mapping where there is none (or where a value that is
     not a mapping stands in the way), and sets the last part: the YAML value replaces what was there. For a key
     named in ``merge`` (dotted, from the top) a mapping value is merged into the mapping already there instead,
     key by key, recursively for the keys below it that ``merge`` names too: ``kernel_params={eps: 1e-9}`` with
-    ``merge={"kernel_params"}`` adds ``eps`` to the options the file gives. Errors (a malformed item, an
-    unparsable value) are :class:`ConfigError` naming the key."""
+    ``merge={"kernel_params"}`` adds ``eps`` to the options the file gives. With ``lists`` an integer part indexes
+    the list it meets (``models.2.finetune_set``; -N … N - 1), and a list is never replaced on the way. Errors (a
+    malformed item, an unparsable value, a bad index, a plain value in the way of ``lists``) are
+    :class:`ConfigError` naming the key."""
     result = copy.deepcopy(base)
     merge = frozenset(merge)
     for item in overrides:
         path, value = parse_override(item)
-        node = result
-        for part in path[:-1]:
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-        _assign(node, path[-1], value, ".".join(path), merge)
+        node: Any = result
+        for depth, part in enumerate(path[:-1]):
+            node = _step(node, part, item, ".".join(path[:depth]) or "the config", lists)
+        if lists and isinstance(node, list):
+            node[_list_index(node, path[-1], item, ".".join(path[:-1]))] = copy.deepcopy(value)
+        elif lists and not isinstance(node, dict):
+            raise ConfigError(f"--set {item}: {'.'.join(path[:-1])} is {node!r}, not a mapping or list")
+        else:
+            _assign(node, path[-1], value, ".".join(path), merge)
     return result
+
+
+def _list_index(node: list[Any], part: str, item: str, where: str) -> int:
+    if not part.lstrip("-").isdigit() or not -len(node) <= int(part) < len(node):
+        raise ConfigError(f"--set {item}: {where} is a list of {len(node)}; index it with 0..{len(node) - 1}, "
+                          f"got {part!r}")
+    return int(part)
+
+
+def _step(node: Any, part: str, item: str, where: str, lists: bool) -> Any:
+    """One part of a dotted key on the way down: the list item or the mapping (created when needed) it names."""
+    if lists and isinstance(node, list):
+        return node[_list_index(node, part, item, where)]
+    if lists and not isinstance(node, dict):
+        raise ConfigError(f"--set {item}: {where} is {node!r}, not a mapping or list")
+    kinds = (dict, list) if lists else dict
+    if not isinstance(node.get(part), kinds):
+        node[part] = {}
+    return node[part]
 
 
 def _assign(node: dict[Any, Any], key: Any, value: Any, full: str, merge: frozenset[str]) -> None:

@@ -63,3 +63,29 @@ def test_overrides_apply_in_turn():
 def test_errors_name_the_key(item, message):
     with pytest.raises(ConfigError, match=message):
         apply_overrides(FILE, [item])
+
+
+BOARD = {"models": [{"name": "a", "kernels": ["softmax"]}, {"name": "b"}], "speed": None, "limit": 5}
+
+
+def test_lists_are_indexed_when_asked():
+    """The leaderboard's form: an integer part indexes the list it meets (negative from the end); a mapping is made
+    where the config has none; a list in the way is never replaced."""
+    out = apply_overrides(BOARD, ["models.0.kernels=[elu]", "models.-1.name=c", "speed.repeats=1",
+                                  "models.1.set.x=2"], lists=True)
+    assert out == {"models": [{"name": "a", "kernels": ["elu"]}, {"name": "c", "set": {"x": 2}}],
+                   "speed": {"repeats": 1}, "limit": 5}
+    assert apply_overrides(BOARD, ["models.1={name: d}"], lists=True)["models"][1] == {"name": "d"}
+    assert BOARD["models"][0]["kernels"] == ["softmax"]  # the base is left as it is
+    assert apply_overrides(BOARD, ["limit.x=1"], lists=True)["limit"] == {"x": 1}  # a mapping's value: replaced
+
+
+@pytest.mark.parametrize(("item", "message"), [
+    ("models.2.name=x", r"--set models.2.name=x: models is a list of 2; index it with 0..1, got '2'"),
+    ("models.x.name=y", r"models is a list of 2; index it with 0..1, got 'x'"),
+    ("models.-3=x", r"models is a list of 2; index it with 0..1, got '-3'"),
+    ("models.0.kernels.0.x=1", r"models.0.kernels.0 is 'softmax', not a mapping or list"),
+])
+def test_list_index_errors_name_the_list(item, message):
+    with pytest.raises(ConfigError, match=message):
+        apply_overrides(BOARD, [item], lists=True)

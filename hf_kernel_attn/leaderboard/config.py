@@ -38,7 +38,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..configfile import ConfigError, nearest_key, parse_override, read_yaml_file, resolve_package_path
+from ..configfile import ConfigError, nearest_key, read_yaml_file, resolve_package_path
+from ..configfile import apply_overrides as shared_overrides
 from ..evaluation.long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
 from ..evaluation.long_context.runner import check_long_context_args
 from ..evaluation.tasks import check_split, check_tasks
@@ -70,39 +71,10 @@ def _is_count(value: Any) -> bool:
 
 
 def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``--set KEY=VALUE`` on a leaderboard config: a dotted key (an integer part indexes a list, e.g.
-    ``models.2.finetune_set``), a YAML value, as ``finetune --set`` takes them. Mappings on the way are created
-    where the config has none (``speed.repeats=1`` with ``speed: null``); a bad index is a ValueError naming the
-    list's length. The result is checked like the file itself. (Not yet
-    :func:`hf_kernel_attn.configfile.apply_overrides`: that one replaces a list in the way by a mapping instead
-    of indexing it.)"""
-    for item in overrides:
-        try:
-            path, value = parse_override(item)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-        node: Any = cfg
-        for depth, part in enumerate(path):
-            where = ".".join(path[:depth]) or "the config"
-            last = depth == len(path) - 1
-            if isinstance(node, list):
-                if not part.lstrip("-").isdigit() or not -len(node) <= int(part) < len(node):
-                    raise ValueError(f"--set {item}: {where} is a list of {len(node)}; index it with 0.."
-                                     f"{len(node) - 1}, got {part!r}")
-                if last:
-                    node[int(part)] = value
-                else:
-                    node = node[int(part)]
-                continue
-            if not isinstance(node, dict):
-                raise ValueError(f"--set {item}: {where} is {node!r}, not a mapping or list")
-            if last:
-                node[part] = value
-            else:
-                if not isinstance(node.get(part), (dict, list)):
-                    node[part] = {}
-                node = node[part]
-    return cfg
+    """``--set KEY=VALUE`` on a leaderboard config: :func:`hf_kernel_attn.configfile.apply_overrides` with list
+    indexing (``models.2.finetune_set``); errors are ValueErrors naming the key (a bad index names the list's
+    length). The result is checked like the file itself."""
+    return shared_overrides(cfg, overrides, lists=True)
 
 
 def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None,
