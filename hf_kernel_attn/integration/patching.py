@@ -29,7 +29,7 @@ from ..kernels import KERNELS, SOFTMAX, Kernel, LayerShape, build_kernel, kernel
 from ..kernels.registry import causal_only_kernels
 from . import positions
 from .attention import KERNEL_ATTR, SAVED_NAME
-from .cache import RecurrentStateCache, install_cache_hook, remove_cache_hook, wants_state_cache
+from .cache import CACHE_KWARGS, RecurrentStateCache, install_cache_hook, remove_cache_hook, wants_state_cache
 from .modules import attention_modules
 from .remote_code import forget_remote_code, remove_remote_code, write_remote_code
 
@@ -411,10 +411,12 @@ def install_hooks() -> None:
 
     @functools.wraps(orig_prepare_cache)
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
-        user_cache = model_kwargs.get("cache") is not None
+        # generate's cache is model_kwargs["cache"] (newer transformers) or ["past_key_values"] (older ones)
+        user_cache = any(model_kwargs.get(name) is not None for name in CACHE_KWARGS)
         out = orig_prepare_cache(self, generation_config, model_kwargs, *args, **kwargs)
-        if not user_cache and type(model_kwargs.get("cache")) is DynamicCache and wants_state_cache(self):
-            model_kwargs["cache"] = RecurrentStateCache(self)
+        for name in CACHE_KWARGS:
+            if not user_cache and type(model_kwargs.get(name)) is DynamicCache and wants_state_cache(self):
+                model_kwargs[name] = RecurrentStateCache(self)
         return out
 
     GenerationMixin._prepare_cache_for_generation = _prepare_cache_for_generation

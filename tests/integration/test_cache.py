@@ -9,6 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache, RecurrentStateLayer
 from hf_kernel_attn.kernels import KERNELS
+from tests.compat import cache_arg
 
 LINEAR = sorted(n for n, c in KERNELS.items() if c.is_linear)
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea, there lived", "Hi"]
@@ -81,7 +82,7 @@ def test_generate_uses_state_cache_and_memory_is_constant():
     sizes = {}
     for n in (64, 1024):
         cache = RecurrentStateCache(model)
-        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, cache=cache)
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, **cache_arg(cache))
         assert all(isinstance(layer, RecurrentStateLayer) for layer in cache.layers)
         assert cache.get_seq_length() == 7 + n - 1
         sizes[n] = cache.nbytes()
@@ -113,7 +114,7 @@ def test_beam_search_sampling_and_return_sequences_run():
 def test_unsupported_operations_raise():
     model = tiny_llama("elu")
     cache = RecurrentStateCache(model)
-    model.generate(torch.randint(1, 97, (1, 5)), max_new_tokens=2, cache=cache)
+    model.generate(torch.randint(1, 97, (1, 5)), max_new_tokens=2, **cache_arg(cache))
     with pytest.raises(ValueError, match="cannot be cropped"):
         cache.crop(-1)
     with pytest.raises(ValueError, match="at least one linear kernel"):
@@ -133,14 +134,14 @@ def test_training_and_no_cache_paths_stay_stateless():
     model.activation_checkpointing_enable()
     plain_loss = model(ids, labels=ids, use_cache=False).loss
     cache = RecurrentStateCache(model)
-    loss = model(ids, labels=ids, cache=cache, use_cache=True).loss
+    loss = model(ids, labels=ids, **cache_arg(cache), use_cache=True).loss
     loss.backward()
     assert loss.item() == plain_loss.item()
     assert cache.get_seq_length() == 0 and all(layer.state is None for layer in cache.layers)
     # positive control: the same cache object does reach the layers when nothing drops it
     model.eval()
     with torch.no_grad():
-        out = model(ids, cache=cache, use_cache=True).logits
+        out = model(ids, **cache_arg(cache), use_cache=True).logits
     assert cache.get_seq_length() == 9 and all(layer.state is not None for layer in cache.layers)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
     # plain forwards that cache (the config's use_cache, eval mode) get a fresh recurrent cache each: nothing is
@@ -185,7 +186,7 @@ def test_plain_forward_that_caches_returns_the_recurrent_cache(kernel, params, s
         # chunked prefill, then greedy steps by hand, vs generate()
         prompt = ids[:, :40]
         cache = smollm2(prompt[:, :25], use_cache=True).past_key_values
-        out = smollm2(prompt[:, 25:], cache=cache, use_cache=True)
+        out = smollm2(prompt[:, 25:], **cache_arg(cache), use_cache=True)
         tokens = []
         for _ in range(6):
             nxt = out.logits[:, -1:].argmax(-1)
@@ -223,7 +224,7 @@ def test_cosformer_small_horizon_prefill_and_decode_offsets():
         cache = RecurrentStateCache(model)
         kernel_cls.forward_with_state = spy
         try:
-            return model.generate(ids, cache=cache, **kw), cache
+            return model.generate(ids, **cache_arg(cache), **kw), cache
         finally:
             kernel_cls.forward_with_state = orig
 
@@ -278,12 +279,12 @@ def test_cache_batch_select_repeat_and_reorder_continue_like_recomputation():
     def prefilled() -> RecurrentStateCache:
         cache = RecurrentStateCache(model)
         assert [type(layer).__name__ for layer in cache.layers] == ["DynamicLayer", "RecurrentStateLayer"]
-        model(ids, cache=cache, use_cache=True)
+        model(ids, **cache_arg(cache), use_cache=True)
         return cache
 
     def check(cache, rows: torch.Tensor) -> None:
         nxt = torch.randint(1, 97, (rows.numel(), 1), generator=gen)
-        step = model(nxt, cache=cache, use_cache=True).logits[:, -1]
+        step = model(nxt, **cache_arg(cache), use_cache=True).logits[:, -1]
         again = model(torch.cat([ids[rows], nxt], 1), use_cache=False).logits[:, -1]
         assert cache.layers[1].state.S.shape[0] == rows.numel() == cache.layers[0].keys.shape[0]
         assert (step - again).abs().max().item() <= 1e-10 * again.abs().max().item()
@@ -333,7 +334,7 @@ def test_decode_suite_saved_runs_the_model_as_loaded_next_to_copies():
     assert by[("softmax", 48)]["cache_bytes"] > by[("softmax", 24)]["cache_bytes"]
     cache = new_cache(model)
     with torch.no_grad():
-        model(torch.randint(0, 97, (1, 24)), cache=cache, use_cache=True)
+        model(torch.randint(0, 97, (1, 24)), **cache_arg(cache), use_cache=True)
     from hf_kernel_attn.integration.cache import cache_bytes
     assert by[(SAVED, 24)]["cache_bytes"] == cache_bytes(cache) != by[("elu", 24)]["cache_bytes"]
     hf_kernel_attn.unpatch(model)

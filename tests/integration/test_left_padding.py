@@ -14,6 +14,7 @@ import hf_kernel_attn
 from hf_kernel_attn.integration import positions
 from hf_kernel_attn.integration.cache import RecurrentStateCache
 from hf_kernel_attn.kernels import KERNELS
+from tests.compat import cache_arg
 
 CAUSAL = [n for n, c in KERNELS.items() if c.supports_causal]
 TEXTS = ["The capital of France is", "Once upon a time, in a small village by the sea, there lived an old", "Hi"]
@@ -129,12 +130,12 @@ def test_manual_decoding_with_a_cache_and_full_mask(kernel):
     cache = RecurrentStateCache(model)
     logits = []
     with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
+        out = model(input_ids=ids, attention_mask=mask, **cache_arg(cache), use_cache=True)
         for step in range(4):
             logits.append(out.logits[:, -1])
             nxt = gen.sequences[:, ids.shape[1] + step][:, None]
             mask = torch.cat([mask, torch.ones_like(nxt)], 1)
-            out = model(input_ids=nxt, attention_mask=mask, cache=cache, use_cache=True)
+            out = model(input_ids=nxt, attention_mask=mask, **cache_arg(cache), use_cache=True)
     torch.testing.assert_close(torch.stack(logits, 1), torch.stack(gen.logits, 1), atol=1e-5, rtol=1e-4)
 
 
@@ -143,9 +144,9 @@ def test_mask_not_covering_the_past_raises():
     ids, mask = random_left_padded([5, 3], seed=3)
     cache = RecurrentStateCache(model)
     with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
+        model(input_ids=ids, attention_mask=mask, **cache_arg(cache), use_cache=True)
         with pytest.raises(ValueError, match="mask has 1 columns while the cache holds 5 past tokens"):
-            model(input_ids=ids[:, -1:], attention_mask=torch.tensor([[1], [0]]), cache=cache, use_cache=True)
+            model(input_ids=ids[:, -1:], attention_mask=torch.tensor([[1], [0]]), **cache_arg(cache), use_cache=True)
 
 
 def test_positional_arguments_and_explicit_positions():

@@ -11,6 +11,7 @@ import torch
 
 import hf_kernel_attn
 from hf_kernel_attn.kernels import KERNELS, LayerShape, build_kernel
+from tests.compat import cache_arg
 from tests.kernels.delta_rule_reference import brute_force
 
 NAMES = ["deltanet", "gated_deltanet"]
@@ -332,7 +333,7 @@ def test_tiny_llama_generate_with_cache_equals_full_forward(name, params):
 
     cache = RecurrentStateCache(model)
     with torch.no_grad():
-        model(ids[:1], cache=cache, use_cache=True)
+        model(ids[:1], **cache_arg(cache), use_cache=True)
     layer = cache.layers[0]
     assert isinstance(layer, RecurrentStateLayer) and layer.state.S.shape == (1, 2, 8, 8)
 

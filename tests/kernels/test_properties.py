@@ -29,6 +29,7 @@ if set_hypothesis_home_dir is not None and not os.environ.get("HYPOTHESIS_STORAG
 
 from hf_kernel_attn.kernels import KERNELS  # noqa: E402
 from hf_kernel_attn.kernels.linear import cost  # noqa: E402
+from tests.compat import cache_arg  # noqa: E402
 from tests.kernels import reference as ref  # noqa: E402
 from tests.kernels.helpers import make_kernel  # noqa: E402
 
@@ -272,10 +273,10 @@ def test_model_decoding_with_cache_equals_recomputation(kernel, batch, prompt, s
     mask = torch.stack([torch.arange(total) >= p for p in pads]).long()
     cache = RecurrentStateCache(model)
     with torch.no_grad():
-        out = model(input_ids=ids[:, :prompt], attention_mask=mask[:, :prompt], cache=cache, use_cache=True)
+        out = model(input_ids=ids[:, :prompt], attention_mask=mask[:, :prompt], **cache_arg(cache), use_cache=True)
         got = [out.logits[:, -1]]
         for t in range(prompt, total):
-            out = model(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1], cache=cache, use_cache=True)
+            out = model(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1], **cache_arg(cache), use_cache=True)
             got.append(out.logits[:, -1])
         full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
     expected = full[:, prompt - 1:]

@@ -12,6 +12,7 @@ import torch
 import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache
 from hf_kernel_attn.kernels import LayerShape, build_kernel
+from tests.compat import cache_arg
 from tests.kernels import reference as ref
 from tests.kernels.window_helpers import assert_gradients_match, compare, inputs, make, padding
 from tests.paths import DATA
@@ -94,7 +95,7 @@ def test_smollm2_softmax_heads_generation_after_1k_prompt(smollm2, smollm2_tok, 
     with torch.no_grad():
         for n in (512, 1024):
             cache = RecurrentStateCache(smollm2)
-            smollm2(ids[:, :n], cache=cache, use_cache=True)
+            smollm2(ids[:, :n], **cache_arg(cache), use_cache=True)
             sizes[n] = cache.nbytes()
     # layer 5 keeps KV heads 0 and 1, layer 20 KV head 2: 3 KV heads × 64 dims × (K + V) × fp32, + the real flags
     assert sizes[1024] - sizes[512] == 512 * (3 * 64 * 2 * 4 + 2)

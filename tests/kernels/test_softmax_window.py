@@ -17,6 +17,7 @@ from hf_kernel_attn.integration.cache import (
     wants_state_cache,
 )
 from hf_kernel_attn.kernels import LayerShape, build_kernel, softmax
+from tests.compat import cache_arg
 from tests.kernels import reference as ref
 from tests.kernels.helpers import make_mask
 
@@ -173,7 +174,7 @@ def test_cached_generation_equals_recomputation_and_memory_is_constant():
     for n in (20, 60):
         cache = RecurrentStateCache(model)
         assert [type(layer) for layer in cache.layers] == [WindowKVLayer, WindowKVLayer]
-        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, cache=cache, **GREEDY)
+        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **cache_arg(cache), **GREEDY)
         assert cache.get_seq_length() == 6 + n - 1
         assert all(layer.recent_keys.shape[-2] == 7 and layer.sink_keys.shape[-2] == 2 for layer in cache.layers)
         sizes[n] = cache.nbytes()
@@ -198,7 +199,7 @@ def test_left_padded_batch_generates_like_each_row_alone():
     mask = torch.ones_like(ids)
     mask[1, :4] = 0
     cache = RecurrentStateCache(model)
-    batch = model.generate(ids, attention_mask=mask, max_new_tokens=25, min_new_tokens=25, cache=cache, **GREEDY)
+    batch = model.generate(ids, attention_mask=mask, max_new_tokens=25, min_new_tokens=25, **cache_arg(cache), **GREEDY)
     assert cache.layers[0].sink_pos.tolist() == [[0, 1], [4, 5]]
     for row, pad in ((0, 0), (1, 4)):
         alone = model.generate(ids[row:row + 1, pad:], max_new_tokens=25, min_new_tokens=25, **GREEDY)
@@ -225,7 +226,7 @@ def test_chunked_prefill_and_a_user_dynamic_cache_match_one_full_forward():
             for piece in (30, 13, 1, 1, 1):
                 end = start + piece
                 out = model(ids[:, start:end], attention_mask=mask[:, :end], position_ids=pos[:, start:end],
-                            cache=cache, use_cache=True)
+                            **cache_arg(cache), use_cache=True)
                 got.append(out.logits)
                 start = end
             real = mask.bool()
@@ -255,11 +256,11 @@ def test_beam_search_sampling_and_cache_edits():
     assert cached.shape == (4, 21) and torch.equal(cached, full)
     with torch.no_grad():
         cache = RecurrentStateCache(model)
-        model(ids, attention_mask=mask, cache=cache, use_cache=True)
+        model(ids, attention_mask=mask, **cache_arg(cache), use_cache=True)
         cache.batch_select_indices(torch.tensor([1]))
         nxt = torch.tensor([[7]])
         step = model(nxt, attention_mask=torch.cat([mask[1:], torch.ones(1, 1, dtype=mask.dtype)], 1),
-                     position_ids=torch.tensor([[6]]), cache=cache, use_cache=True).logits[:, -1]
+                     position_ids=torch.tensor([[6]]), **cache_arg(cache), use_cache=True).logits[:, -1]
         again = model(torch.cat([ids[1:, 3:], nxt], 1), use_cache=False).logits[:, -1]
     assert (step - again).abs().max().item() <= 1e-10
 
@@ -272,19 +273,19 @@ def test_hybrid_cache_layers_and_generation():
     assert kinds == ["WindowKVLayer", "RecurrentStateLayer", "DynamicLayer"]
     ids = torch.randint(1, 97, (1, 7), generator=torch.Generator().manual_seed(4))
     kw = dict(max_new_tokens=15, min_new_tokens=15, do_sample=False)
-    assert torch.equal(model.generate(ids, cache=cache, **kw), model.generate(ids, use_cache=False, **kw))
+    assert torch.equal(model.generate(ids, **cache_arg(cache), **kw), model.generate(ids, use_cache=False, **kw))
     assert isinstance(cache.layers[1], RecurrentStateLayer) and cache.layers[2].keys.shape[-2] == 21
 
 
 def test_unsupported_operations_raise():
     model = tiny_llama(kernel="softmax", window=4, sinks=1)
     cache = RecurrentStateCache(model)
-    model.generate(torch.randint(1, 97, (1, 5)), max_new_tokens=2, cache=cache)
+    model.generate(torch.randint(1, 97, (1, 5)), max_new_tokens=2, **cache_arg(cache))
     with pytest.raises(ValueError, match="cannot be cropped"):
         cache.crop(-1)
     hf_kernel_attn.patch(model, kernel="softmax", window=5, sinks=1)
     with pytest.raises(ValueError, match="built for softmax with window 4 and sinks 1.*window 5"):
-        model(torch.randint(1, 97, (1, 1)), cache=cache, use_cache=True)
+        model(torch.randint(1, 97, (1, 1)), **cache_arg(cache), use_cache=True)
     with pytest.raises(ValueError, match="at least one linear kernel or one softmax kernel with a window"):
         RecurrentStateCache(tiny_llama(kernel="softmax"))
 

@@ -12,6 +12,7 @@ import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache, RecurrentStateLayer
 from hf_kernel_attn.kernels import KERNELS, LayerShape, build_kernel
 from hf_kernel_attn.kernels.linear import cost
+from tests.compat import cache_arg
 from tests.kernels import reference as ref
 from tests.kernels.window_helpers import DV, SCALING, D, assert_gradients_match, compare, inputs, make, padding  # noqa: F401
 
@@ -140,7 +141,7 @@ def test_cache_memory_is_constant_in_the_context():
     sizes = {}
     for n in (128, 1024):
         cache = RecurrentStateCache(model)
-        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, cache=cache)
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, **cache_arg(cache))
         assert all(isinstance(layer, RecurrentStateLayer) and layer.window_keys.shape[-2] == 15
                    for layer in cache.layers)
         sizes[n] = cache.nbytes()
@@ -194,7 +195,7 @@ def test_smollm2_hedgehog_window64_generation_and_constant_cache(smollm2, smollm
     with torch.no_grad():
         for n in (128, 1024):
             cache = RecurrentStateCache(smollm2)
-            smollm2(long_ids[:, :n], cache=cache, use_cache=True)
+            smollm2(long_ids[:, :n], **cache_arg(cache), use_cache=True)
             sizes[n] = cache.nbytes()
     assert sizes[128] == sizes[1024] > 0
 

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 import hf_kernel_attn
 from hf_kernel_attn.cli import main
 from hf_kernel_attn.integration.cache import cache_bytes, new_cache
+from tests.compat import cache_arg
 
 
 def test_decode_bench_saved_times_the_folders_own_kernels(tiny_llama, tmp_path, capsys):
@@ -35,7 +36,7 @@ def test_decode_bench_saved_times_the_folders_own_kernels(tiny_llama, tmp_path, 
     loaded = AutoModelForCausalLM.from_pretrained(folder).eval()
     cache = new_cache(loaded)
     with torch.no_grad():
-        loaded(torch.randint(0, 100, (1, 24)), cache=cache, use_cache=True)
+        loaded(torch.randint(0, 100, (1, 24)), **cache_arg(cache), use_cache=True)
     assert by[("saved", 40)]["cache_bytes"] == by[("saved", 24)]["cache_bytes"] == cache_bytes(cache)
     assert by[("saved", 24)]["cache_bytes"] != by[("elu", 24)]["cache_bytes"]
     assert by[("softmax", 40)]["cache_bytes"] > by[("softmax", 24)]["cache_bytes"]
