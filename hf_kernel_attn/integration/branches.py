@@ -18,6 +18,7 @@ from torch import nn
 from ..config import KernelAttentionConfig, LayerChoice
 from ..kernels import SOFTMAX, LinearKernel
 from ..kernels.base import group_queries
+from ..kernels.linear.spec import HybridCall
 from ..kernels.linear.window import branch_normalisers
 from .attention import KERNEL_ATTR
 from .patching import apply_config, attention_modules, kernel_config
@@ -61,12 +62,10 @@ def normaliser_shares(model: nn.Module, input_ids: torch.Tensor) -> dict[int, di
             q, k = args[0], args[1]
             scaling = kwargs.get("scaling") or q.shape[-1] ** -0.5
             fq, fk = kernel.features(q, k, scaling)
-            win, far = branch_normalisers(group_queries(q, k.shape[1]), k, fq, fk, window=kernel.window,
-                                          scaling=scaling, causal=kwargs.get("causal", True),
-                                          key_mask=kwargs.get("key_mask"),
-                                          log_gate=kernel.gates(k, scaling) if kernel.is_gated else None,
-                                          log_mix=kernel.branch_log_mix(k.shape[1], k.device),
-                                          sinks=kernel.options.sinks)
+            call = HybridCall(causal=kwargs.get("causal", True), key_mask=kwargs.get("key_mask"),
+                              log_mix=kernel.branch_log_mix(k.shape[1], k.device))
+            win, far = branch_normalisers(group_queries(q, k.shape[1]), k, fq, fk, kernel.hybrid_spec(scaling), call,
+                                          log_gate=kernel.gates(k, scaling) if kernel.is_gated else None)
             share = far / (win + far).clamp_min(torch.finfo(far.dtype).tiny)  # [B, Hkv, G, N]
             n = share.shape[-1]
             far_rows = share[..., kernel.window:] if n > kernel.window else share[..., :0]

@@ -67,6 +67,7 @@ from .feature_maps.gated import (
 from .feature_maps.hedgehog import HedgehogKernel
 from .linear import cost
 from .linear.gated import queries_at_key_positions, softmax_band
+from .linear.spec import HybridCall, HybridSpec
 from .linear.window import update_sinks
 from .registry import causal_only_kernels
 
@@ -361,8 +362,8 @@ class DeltaNetKernel(LinearKernel):
             writing = real & ~sinks.holds(offset, m)
         kd, vv = dense(k), accum(v)
         beta, log_alpha = self.writes(kd, scaling, writing)
-        exact, _ = softmax_band(group_queries(accum(q), hkv), kd, linear.with_ones(vv), real, window, scaling, True,
-                         sinks, offset)
+        exact, _ = softmax_band(group_queries(accum(q), hkv), kd, linear.with_ones(vv), real,
+                                HybridSpec(window=window, scaling=scaling), HybridCall(sinks=sinks, offset=offset))
         out = exact[..., :dv] / exact[..., dv:].clamp_min(1e-30)  # softmax over the window and sinks alone
         s0 = None if state is None else state.S.to(kd.dtype)
         cum = None if log_alpha is None else log_alpha.cumsum(-1)  # b_t from the first key of k

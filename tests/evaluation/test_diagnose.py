@@ -12,6 +12,7 @@ import torch
 import hf_kernel_attn
 from hf_kernel_attn.integration.branches import linear_branch_off, normaliser_shares, window_only_config
 from hf_kernel_attn.kernels.base import group_queries
+from hf_kernel_attn.kernels.linear.spec import HybridCall, HybridSpec
 from hf_kernel_attn.kernels.linear.window import branch_normalisers
 from tests.paths import DATA
 
@@ -55,8 +56,8 @@ def test_branch_normaliser_shares_match_brute_force(causal, n, m, sinks):
     log_mix = torch.randn(2, 2, generator=gen, dtype=torch.float64)
     kern = hf_kernel_attn.kernels.build_kernel("elu", hf_kernel_attn.kernels.LayerShape(4, 2, 6), {"window": 3})
     fq, fk = kern.features(q, k, 0.4)
-    win, far = branch_normalisers(group_queries(q, 2), k, fq, fk, window=3, scaling=0.4, causal=causal,
-                                  log_mix=log_mix, block=4, sinks=sinks)
+    win, far = branch_normalisers(group_queries(q, 2), k, fq, fk, HybridSpec(window=3, scaling=0.4, sinks=sinks),
+                                  HybridCall(causal=causal, log_mix=log_mix), block=4)
     got = (far / (win + far)).reshape(1, 4, n)
     want = brute_shares(q, k, 3, 0.4, log_mix.exp().flatten().tolist(), causal, sinks)
     assert torch.allclose(got, want, atol=1e-10)

@@ -66,9 +66,8 @@ class PackedDecoding:
         def feature_q(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
             return self.feature_q(x.contiguous(), positions, scaling)
 
-        out = window_decode.decode_step(
-            packed, q.reshape(b, hkv, hq // hkv, d), k, v, feature_q, scaling=scaling, log_mix=log_mix,
-            linear=linear_part, block=self.options.sparse_block, eps=self.options.eps)
+        out = window_decode.decode_step(packed, q.reshape(b, hkv, hq // hkv, d), k, v, feature_q,
+                                        self.hybrid_spec(scaling), log_mix, linear_part)
         return out.reshape(b, 1, hq, dv).to(q.dtype)
 
     def _decode_log_mix(self, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:

@@ -12,6 +12,7 @@ from .. import linear
 from ..base import accum, group_queries, ungroup_output, visibility_mask
 from ..linear.gated import gated_hybrid
 from ..linear.sparse_cache import sparse_window
+from ..linear.spec import HybridCall, HybridInputs, HybridSpec
 from ..linear.window import hybrid_attention, update_sinks
 from .options import AttentionCall, dense
 
@@ -33,53 +34,44 @@ class WindowHybrid:
         sinks = None
         if self.options.sinks:
             sinks = update_sinks(k, v, key_mask, self.options.sinks, offset, None if state is None else state.sinks)
+        spec = self.hybrid_spec(scaling)
+        x = HybridInputs(group_queries(q, hkv), k, v, fq, fk)
+        form = HybridCall(causal=causal, key_mask=key_mask, state=state, offset=offset, log_mix=log_mix, sinks=sinks,
+                          need_state=call.need_state and causal, blocked=not self.needs_grad(q, k, v, state))
         if self.options.sparse_cache:
-            return self._windowed_sparse(q, k, v, fq, fk, call, log_mix, sinks)
+            return self._windowed_sparse(x, spec, form)
         if self.is_gated:
-            out, new_state = gated_hybrid(
-                group_queries(q, hkv), k, v, fq, fk, self.gates(k, scaling), window=self.window, scaling=scaling,
-                causal=causal, key_mask=key_mask, state=state, log_mix=log_mix, chunk_size=self.options.chunk_size,
-                sinks=sinks, offset=offset)
+            out, new_state = gated_hybrid(x, self.gates(k, scaling), spec, form)
             out = ungroup_output(out).to(q.dtype)
         else:
-            out, new_state = hybrid_attention(
-                group_queries(q, hkv), k, v, fq, fk, window=self.window, scaling=scaling, causal=causal,
-                key_mask=key_mask, state=state, log_mix=log_mix, chunk_size=self.options.chunk_size,
-                need_state=call.need_state and causal, blocked=not self.needs_grad(q, k, v, state), sinks=sinks,
-                offset=offset,
-            )
+            out, new_state = hybrid_attention(x, spec, form)
         if new_state is not None and sinks is not None:
             new_state = linear.LinearState(new_state.S, new_state.z, sinks)
         return out, new_state
 
-    def _windowed_sparse(self, q, k, v, fq, fk, call: AttentionCall, log_mix, sinks):
+    def _windowed_sparse(self, x: HybridInputs, spec: HybridSpec, call: HybridCall):
         """The hybrid with its bounded sparse cache (:func:`..linear.sparse_cache.sparse_window`): the plain hybrid's
         sums from a state without the cache, corrected for the pairs the cache holds."""
-        key_mask, causal, scaling, state, offset = call.key_mask, call.causal, call.scaling, call.state, call.offset
-        if not causal:
+        if not call.causal:
             raise ValueError(f"{self.name}: sparse_cache is causal only (the cache holds pairs that left a causal "
                              "window); use sparse_cache=0 for bidirectional attention")
-        hkv = k.shape[1]
-        gq = group_queries(q, hkv)
-        log_mix = self._budgeted_heads_off(log_mix, hkv, q.device)
-        raw, top = hybrid_attention(gq, k, v, fq, fk, window=self.window, scaling=scaling, causal=True,
-                                    key_mask=key_mask, state=state, log_mix=log_mix, chunk_size=self.options.chunk_size,
-                                    sinks=sinks, offset=offset, raw=True, blocked=not self.needs_grad(q, k, v, state))
-        b, m = k.shape[0], k.shape[-2]
-        lin_w = torch.ones(b, m, dtype=torch.bool, device=k.device) if key_mask is None else key_mask.to(torch.bool)
-        if sinks is not None:
-            lin_w = lin_w & ~sinks.holds(offset, m)
-        zero = torch.zeros(1, device=k.device, dtype=torch.long)
+        hkv, dv = x.k.shape[1], x.v.shape[-1]
+        call = dataclasses.replace(call, log_mix=self._budgeted_heads_off(call.log_mix, hkv, x.q.device))
+        raw, top = hybrid_attention(x, spec, dataclasses.replace(call, raw=True))
+        zero = torch.zeros(1, device=x.k.device, dtype=torch.long)
 
         def key_features(keys: torch.Tensor) -> torch.Tensor:
-            return self.feature_k(dense(keys), zero.expand(keys.shape[-2]), scaling).to(raw.dtype)
+            return self.feature_k(dense(keys), zero.expand(keys.shape[-2]), spec.scaling).to(raw.dtype)
 
-        out, s, cache = sparse_window(
-            raw, top, accum(gq), fq, accum(k), accum(v), fk, lin_w, state, None if state is None else state.sparse,
-            key_features, window=self.window, capacity=self.options.sparse_cache, block=self.options.sparse_block,
-            scaling=scaling, offset=offset, mix=None if log_mix is None else log_mix.exp(), eps=self.options.eps)
-        dv = v.shape[-1]
-        return ungroup_output(out).to(q.dtype), linear.LinearState(s[..., :dv], s[..., dv], sinks, sparse=cache)
+        out, s, cache = sparse_window(raw, top, x, key_features, spec, call)
+        return (ungroup_output(out).to(x.q.dtype),
+                linear.LinearState(s[..., :dv], s[..., dv], call.sinks, sparse=cache))
+
+    def hybrid_spec(self, scaling: float) -> HybridSpec:
+        """The window hybrid this kernel's options define, at the softmax scale ``scaling``, as the forms take it."""
+        opts = self.options
+        return HybridSpec(window=opts.window, scaling=scaling, chunk_size=opts.chunk_size, sinks=opts.sinks,
+                          capacity=opts.sparse_cache, block=opts.sparse_block, eps=opts.eps)
 
     def _budgeted_heads_off(self, log_mix: torch.Tensor | None, num_kv_heads: int,
                             device: torch.device) -> torch.Tensor | None:

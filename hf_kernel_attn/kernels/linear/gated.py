@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 
 from ..base import accum
-from .state import LinearState, SinkSet, with_ones
+from .spec import CAUSAL_CALL, HybridCall, HybridInputs, HybridSpec
+from .state import LinearState, with_ones
 
 MIN_LOG_GATE = -1.25
 GATED_CHUNK = 64
@@ -306,12 +307,13 @@ def queries_at_key_positions(fq: torch.Tensor, m: int) -> torch.Tensor:
     return fq if n == m else torch.cat([fq.new_zeros(*fq.shape[:-2], m - n, fq.shape[-1]), fq], -2)
 
 
-def softmax_band(qf, kf, v1, real, window: int, scaling: float, causal: bool, sinks: SinkSet | None = None,
-          offset: int = 0, block: int = 64):
+def softmax_band(qf, kf, v1, real, spec: HybridSpec, call: HybridCall = CAUSAL_CALL, block: int = 64):
     """The softmax part of the hybrid, a block of queries at a time against the keys their windows can reach (and the
     sinks outside their windows): Σ_{j∈win(i) ∪ sinks} e^{s q_i·k_j - c_i} [v_j, 1] ``[B, H, G, N, E]`` and
     c_i = max(0, max_j s q_i·k_j) ``[..., 1]``. Key j of ``kf`` sits at position offset + j; a sink inside a query's
-    window is one of the band's keys."""
+    window is one of the band's keys. ``spec``: W and the scale; ``call``: ``causal``, ``sinks``, ``offset``."""
+    window, scaling = spec.window, spec.scaling
+    causal, sinks, offset = call.causal, call.sinks, call.offset
     n, m = qf.shape[-2], kf.shape[-2]
     exact, shifts = [], []
     if sinks is not None:
@@ -350,13 +352,16 @@ def augmented_state(state: LinearState | None) -> torch.Tensor | None:
     return None if state is None else torch.cat([state.S, state.z.unsqueeze(-1)], -1)
 
 
-def gated_hybrid(q, k, v, fq, fk, log_gate, *, window: int, scaling: float, causal: bool, key_mask=None,
-                 state: LinearState | None = None, log_mix: torch.Tensor | None = None,
-                 chunk_size: int = GATED_CHUNK, sinks: SinkSet | None = None, offset: int = 0):
+def gated_hybrid(x: HybridInputs, log_gate: torch.Tensor, spec: HybridSpec, call: HybridCall = CAUSAL_CALL):
     """The window hybrid with a gated state (module docstring): ``q`` ``[B, H, G, N, D]`` (grouped), ``k``/``v``
     ``[B, H, M, ·]``; returns the normalised output ``[B, H, G, N, Dv]`` and (causal) the state holding every
     key but the last W - 1, decayed to the last key it holds. ``sinks`` (StreamingLLM; k's first key at position
-    ``offset``): softmax keys for every query that can see them, left out of the gated part and the state."""
+    ``offset``): softmax keys for every query that can see them, left out of the gated part and the state. ``x``:
+    the inputs; ``spec``: W, the scale, the chunk size; ``call``: the mask, state, ln λ, sinks and offset."""
+    q, k, v, fq, fk = x.q, x.k, x.v, x.fq, x.fk
+    window, chunk_size = spec.window, spec.chunk_size
+    causal, key_mask, state, log_mix, sinks, offset = (call.causal, call.key_mask, call.state, call.log_mix,
+                                                       call.sinks, call.offset)
     fq, fk, log_gate = accum(fq), accum(fk), accum(log_gate)
     qf, kf, vf = accum(q), accum(k), accum(v)
     b_, h, g, n, _ = qf.shape
@@ -367,7 +372,7 @@ def gated_hybrid(q, k, v, fq, fk, log_gate, *, window: int, scaling: float, caus
         linear_keys = real & ~sinks.holds(offset, m)
     fkm = fk * linear_keys[:, None, :, None].to(fk.dtype)
     v1 = with_ones(vf)
-    exact, shift = softmax_band(qf, kf, v1, real, window, scaling, causal, sinks, offset)
+    exact, shift = softmax_band(qf, kf, v1, real, spec, call)
     # the gated part: keys j <= i - W (and j >= i + W bidirectionally) through the shifted keys
     s0 = augmented_state(state)
     sk, sv = shifted_keys(fkm, v1, log_gate, window)

@@ -33,8 +33,10 @@ from collections.abc import Callable
 
 import torch
 
+from ..base import accum
 from ..softmax import grow_slots
-from .state import LinearState, SparseCache, with_ones
+from .spec import HybridCall, HybridInputs, HybridSpec
+from .state import SparseCache, with_ones
 
 
 def _fold(s: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, weight: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
@@ -61,25 +63,20 @@ def recall_error(s: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float,
 
 def choose_pairs(
     s: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    pos: torch.Tensor,
-    valid: torch.Tensor,
-    pend_k: torch.Tensor,
-    pend_v: torch.Tensor,
-    pend_pos: torch.Tensor,
-    pend_ok: torch.Tensor,
+    pool: SparseCache,
     feature_k: Callable[[torch.Tensor], torch.Tensor],
     *,
     capacity: int,
     eps: float,
     in_state: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One boundary: the pool = the cache (``keys`` ``[B, Hkv, C, D]``, ``values``, ``pos``, ``valid``) ∪ the pending
-    keys (folded into ``s`` = [S, z] since the last boundary, or with ``in_state`` False not yet; ``pend_ok``
-    ``[B, P]``), scored by the self-recall error against the state without the candidates; the C highest are the new
-    cache (the whole pool while it has at most C entries: the cache grows with the keys it holds), the rest of the
-    pool is folded into the state. Returns (state, keys, values, pos, valid)."""
+    """One boundary: the pool = the cache of ``pool`` (``keys`` ``[B, Hkv, C, D]``, ``values``, ``pos``, ``valid``) ∪
+    its pending keys (folded into ``s`` = [S, z] since the last boundary, or with ``in_state`` False not yet;
+    ``pending_ok`` ``[B, P]``), scored by the self-recall error against the state without the candidates; the C
+    highest are the new cache (the whole pool while it has at most C entries: the cache grows with the keys it
+    holds), the rest of the pool is folded into the state. Returns (state, keys, values, pos, valid)."""
+    keys, values, pos, valid = pool.keys, pool.values, pool.pos, pool.valid
+    pend_k, pend_v, pend_pos, pend_ok = pool.pending_keys, pool.pending_values, pool.pending_pos, pool.pending_ok
     b, hkv = keys.shape[:2]
     d, dv = keys.shape[-1], values.shape[-1]
     cand_ok = pend_ok[:, None, :].expand(-1, hkv, -1)
@@ -106,32 +103,30 @@ def choose_pairs(
 def sparse_window(
     raw: torch.Tensor,
     top: torch.Tensor,
-    q: torch.Tensor,
-    fq: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    fk: torch.Tensor,
-    lin_w: torch.Tensor,
-    state: LinearState | None,
-    cache: SparseCache | None,
+    x: HybridInputs,
     feature_k: Callable[[torch.Tensor], torch.Tensor],
-    *,
-    window: int,
-    capacity: int,
-    block: int,
-    scaling: float,
-    offset: int,
-    mix: torch.Tensor | None,
-    eps: float,
+    spec: HybridSpec,
+    call: HybridCall,
 ) -> tuple[torch.Tensor, torch.Tensor, SparseCache]:
     """The outputs ``[B, Hkv, G, N, Dv]`` of N queries at the last N of M key positions (``k``'s first at
     ``offset``), the state after them (``[B, Hkv, F, Dv + 1]``: every out-of-window key but the cache) and the cache.
 
     ``raw`` ``[B, Hkv, G, N, Dv + 1]`` and ``top`` ``[B, Hkv, G, N, 1]``: the plain hybrid's unnormalised sums and
-    their shift, from ``state`` (which holds every key before ``offset`` but cache₀ = ``cache``); ``q`` grouped
-    ``[B, Hkv, G, N, D]``, ``fq`` its features, ``fk`` φ(k) ``[B, Hkv, M, F]``, ``lin_w`` ``[B, M]`` 1 for a real
-    non-sink key; ``feature_k`` φ of cached keys ``[B, Hkv, L, D]`` (position-free maps); ``mix`` λ ``[Hkv, G]``
-    or None (1)."""
+    their shift, from ``call.state`` (which holds every key before ``call.offset`` but cache₀, its sparse cache);
+    ``x``: ``q`` grouped ``[B, Hkv, G, N, D]``, ``fq`` its features, ``k``, ``v``, ``fk`` φ(k) ``[B, Hkv, M, F]``;
+    ``feature_k`` φ of cached keys ``[B, Hkv, L, D]`` (position-free maps); ``spec``: W, C, B, the scale, eps;
+    ``call.log_mix``: ln λ ``[Hkv, G]`` or None (λ = 1). A key enters the state and the cache's candidates when it
+    is real and no sink."""
+    q, fq, k, v, fk = accum(x.q), x.fq, accum(x.k), accum(x.v), x.fk
+    window, capacity, block, scaling, eps = spec.window, spec.capacity, spec.block, spec.scaling, spec.eps
+    state, offset = call.state, call.offset
+    cache = None if state is None else state.sparse
+    mix = None if call.log_mix is None else call.log_mix.exp()
+    lin_w = torch.ones(k.shape[0], k.shape[-2], dtype=torch.bool, device=k.device)
+    if call.key_mask is not None:
+        lin_w = call.key_mask.to(torch.bool)
+    if call.sinks is not None:
+        lin_w = lin_w & ~call.sinks.holds(offset, k.shape[-2])
     b, hkv, g, n, d = q.shape
     m, dv = k.shape[-2], v.shape[-1]
     dtype = raw.dtype
@@ -176,8 +171,8 @@ def sparse_window(
     first_boundary = max(block, -(-first_query // block) * block)
     for t in range(first_boundary, offset + m, block):
         fold_to(t - window)
-        s, keys, values, pos, valid = choose_pairs(s, keys, values, pos, valid, pend_k, pend_v, pend_pos, pend_ok,
-                                                   feature_k, capacity=capacity, eps=eps)
+        pool = SparseCache(keys, values, pos, valid, pend_k, pend_v, pend_pos, pend_ok)
+        s, keys, values, pos, valid = choose_pairs(s, pool, feature_k, capacity=capacity, eps=eps)
         pend_ok = torch.zeros_like(pend_ok)
         segments.append((t, (keys, values, valid)))
     fold_to(offset + m - window)  # the state after the last query: every key outside the next position's window

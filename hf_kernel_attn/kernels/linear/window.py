@@ -29,6 +29,7 @@ from ..softmax import gather_keys, grow_slots, sink_slot_count, sink_slots
 from . import cost
 from .gated import gated_causal, queries_at_key_positions, reverse_gates, shifted_keys
 from .recurrent import accumulate
+from .spec import CAUSAL_CALL, HybridCall, HybridInputs, HybridSpec
 from .state import LinearState, SinkSet, with_ones
 
 
@@ -75,27 +76,10 @@ def update_sinks(k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None
                    previous.real_seen + new_real.long().sum(-1), max(previous.seen, offset + m))
 
 
-def hybrid_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    fq: torch.Tensor,
-    fk: torch.Tensor,
-    *,
-    window: int,
-    scaling: float,
-    causal: bool,
-    key_mask: torch.Tensor | None = None,
-    state: LinearState | None = None,
-    log_mix: torch.Tensor | None = None,
-    chunk_size: int = 64,
-    need_state: bool = False,
-    blocked: bool = False,
-    sinks: SinkSet | None = None,
-    offset: int = 0,
-    raw: bool = False,
-) -> tuple[torch.Tensor, LinearState | None]:
-    """The hybrid of the module docstring for N queries at the last N of M key positions.
+def hybrid_attention(x: HybridInputs, spec: HybridSpec,
+                     call: HybridCall = CAUSAL_CALL) -> tuple[torch.Tensor, LinearState | None]:
+    """The hybrid of the module docstring for N queries at the last N of M key positions (``x`` the inputs,
+    ``spec`` W, the scale and the chunk size, ``call`` the rest, as named below).
 
     ``q`` ``[B, Hkv, G, N, D]`` (grouped), ``k`` ``[B, Hkv, M, D]``, ``v`` ``[B, Hkv, M, Dv]``, features ``fq``
     ``[B, Hkv, G, N, F]`` and ``fk`` ``[B, Hkv, M, F]``; ``state`` holds the keys before ``k`` (causal);
@@ -107,9 +91,13 @@ def hybrid_attention(
     sums ``[B, Hkv, G, N, Dv + 1]`` (numerator, denominator) scaled by e^{-m_i}, and m_i ``[B, Hkv, G, N, 1]``, in the
     accumulation dtype (:mod:`.sparse_cache` adds its exact keys to them).
     """
+    q, k, v, fq, fk = x.q, x.k, x.v, x.fq, x.fk
+    window, scaling, chunk_size = spec.window, spec.scaling, spec.chunk_size
+    causal, key_mask, state, log_mix, sinks, offset = (call.causal, call.key_mask, call.state, call.log_mix,
+                                                       call.sinks, call.offset)
+    need_state, blocked, raw = call.need_state, call.blocked, call.raw
     if causal and q.shape[-2] == 1 and k.shape[-2] <= window:  # a decode step: every key is in the window
-        return _one_query(q, k, v, fq, fk, window=window, scaling=scaling, key_mask=key_mask, state=state,
-                          log_mix=log_mix, need_state=need_state, sinks=sinks, offset=offset, raw=raw)
+        return _one_query(x, spec, call)
     out_dtype = q.dtype
     q, k, v, fq, fk = accum(q), accum(k), accum(v), accum(fq), accum(fk)
     b, hkv, g, n, _ = q.shape
@@ -256,10 +244,14 @@ def hybrid_attention(
     return res, new_state
 
 
-def _one_query(q, k, v, fq, fk, *, window, scaling, key_mask, state, log_mix, need_state, sinks, offset, raw):
+def _one_query(x: HybridInputs, spec: HybridSpec, call: HybridCall):
     """:func:`hybrid_attention` for one causal query whose window holds all M ≤ W keys (a decode step): the
     softmax part over those keys and the sinks outside the window, the feature-map part φ(q)·[S, z] of the state,
     with no chunking (the same formula and shift m)."""
+    q, k, v, fq, fk = x.q, x.k, x.v, x.fq, x.fk
+    window, scaling = spec.window, spec.scaling
+    key_mask, state, log_mix, sinks, offset = call.key_mask, call.state, call.log_mix, call.sinks, call.offset
+    need_state, raw = call.need_state, call.raw
     out_dtype = q.dtype
     q, k, v, fq, fk = accum(q), accum(k), accum(v), accum(fq), accum(fk)
     b, hkv, g, _, _ = q.shape
@@ -328,22 +320,20 @@ def branch_normalisers(
     k: torch.Tensor,
     fq: torch.Tensor,
     fk: torch.Tensor,
-    *,
-    window: int,
-    scaling: float,
-    causal: bool,
-    key_mask: torch.Tensor | None = None,
+    spec: HybridSpec,
+    call: HybridCall = CAUSAL_CALL,
     log_gate: torch.Tensor | None = None,
-    log_mix: torch.Tensor | None = None,
     block: int = 256,
-    sinks: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The two parts of the hybrid's normaliser for every query, written out (O(N·M), a diagnostic):
     window_i = Σ_{j∈win(i)} e^{s q_i·k_j - m_i} and far_i = λ_h Σ_{j∉win(i)} Σ_f φ_f(q_i) w_ij,f φ_f(k_j) e^{-m_i} (the
     first ``sinks`` real keys count as window keys; w = 1, or the decay of the gates ``log_gate`` ``[B, Hkv, M, Γ]``,
     taken from the gated scan of the keys W positions back, as the gated hybrid does), with
     m_i as in :func:`hybrid_attention` (the shares far / (window + far) do not depend on it). Shapes as
-    :func:`hybrid_attention` (``q`` grouped ``[B, Hkv, G, N, D]``, no state); returns two ``[B, Hkv, G, N]``."""
+    :func:`hybrid_attention` (``q`` grouped ``[B, Hkv, G, N, D]``, no state; ``spec``: W, the scale and the count
+    of sinks; ``call``: ``causal``, ``key_mask``, ``log_mix``); returns two ``[B, Hkv, G, N]``."""
+    window, scaling, sinks = spec.window, spec.scaling, spec.sinks
+    causal, key_mask, log_mix = call.causal, call.key_mask, call.log_mix
     q, k, fq, fk = accum(q), accum(k), accum(fq), accum(fk)
     n, m = q.shape[-2], k.shape[-2]
     real = None if key_mask is None else key_mask.to(torch.bool)[:, None, None, None, :]  # [B, 1, 1, 1, M]

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .sparse_cache import choose_pairs
+from .spec import HybridSpec
 from .state import LinearState, SinkSet, SparseCache, with_ones
 
 
@@ -201,23 +202,21 @@ def decode_step(
     k: torch.Tensor,
     v: torch.Tensor,
     feature_q: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    *,
-    scaling: float,
+    spec: HybridSpec,
     log_mix: torch.Tensor | None,
     linear: bool,
-    block: int,
-    eps: float,
 ) -> torch.Tensor:
     """The output ``[B, Hkv, G, Dv]`` of query ``q`` ``[B, Hkv, G, D]`` (grouped) at ``packed.position``, with its
     key and value ``k`` / ``v`` ``[B, Hkv, 1, ·]``; ``packed`` is updated in place to the next position.
     ``feature_q(q, positions)``: φ of ``[B, Hkv, G, 1, D]`` queries (of keys: ``packed.feature_k``);
-    ``log_mix`` ln λ ``[Hkv, G]`` or None (λ = 1); ``linear`` False when λ = 0 in every head (no feature-map part:
-    the keys leaving the window then wait in their pending slots and join the state at the next boundary, in one
-    matmul).
+    ``spec``: the scale, the block and eps; ``log_mix`` ln λ ``[Hkv, G]`` or None (λ = 1); ``linear`` False when
+    λ = 0 in every head (no feature-map part: the keys leaving the window then wait in their pending slots and join
+    the state at the next boundary, in one matmul).
 
     With the softmax part's log-sum-exp ℓ = log Σ_j e^{s q·k_j} and its output o, the hybrid's output is
     (o + w φ(q)ᵀS) / (1 + w φ(q)ᵀz), w = λ e^{-ℓ}: the general form's sums divided by e^{ℓ - m}."""
     t = packed.position
+    scaling, block = spec.scaling, spec.block
     dtype = packed.s.dtype
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     dv = v.shape[-1]
@@ -228,10 +227,10 @@ def decode_step(
         # the candidates (positions after t - B - W) all wait outside the state, or it takes in those that wait
         waiting = packed.folded <= t - block - 1 - ring
         _settle_pending(packed, t - 1 - ring, fold=not waiting)
-        s, ck, cv, pos, valid = choose_pairs(
-            packed.s, packed.keys[:, :, c0:], packed.values[:, :, c0:], packed.cache_pos, packed.cache_valid,
-            packed.pending_keys, packed.pending_values, packed.pending_pos, packed.pending_ok, packed.feature_k,
-            capacity=capacity, eps=eps, in_state=not waiting)
+        pool = SparseCache(packed.keys[:, :, c0:], packed.values[:, :, c0:], packed.cache_pos, packed.cache_valid,
+                           packed.pending_keys, packed.pending_values, packed.pending_pos, packed.pending_ok)
+        s, ck, cv, pos, valid = choose_pairs(packed.s, pool, packed.feature_k, capacity=capacity, eps=spec.eps,
+                                             in_state=not waiting)
         packed.folded = t - 1 - ring
         packed.keys[:, :, c0:] = ck
         packed.values[:, :, c0:] = cv
