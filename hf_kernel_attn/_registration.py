@@ -11,9 +11,9 @@ What :func:`activate` does (once per process):
 * ``hf_kernel_attn.integration.attention.register()`` — every kernel name, and the saved-model marker, is
   registered with ``transformers.AttentionInterface`` and ``transformers.masking_utils.AttentionMaskInterface``,
   so ``attn_implementation="<kernel>"`` works in stock transformers calls;
-* ``hf_kernel_attn.integration.patching.install_hooks()`` — wraps ``PreTrainedModel.post_init``,
+* ``hf_kernel_attn.integration.hooks.install_hooks()`` — wraps ``PreTrainedModel.post_init``,
   ``_initialize_weights``, ``set_attn_implementation``, ``_finalize_model_loading``, ``save_pretrained`` and
-  generate's ``_prepare_cache_for_generation`` (see that function), so saved kernel checkpoints load.
+  generate's ``_prepare_cache_for_generation`` (the table ``PATCHES`` in that module), so saved kernel checkpoints load.
 
 When it runs (:func:`arm`, called by ``hf_kernel_attn/__init__.py``):
 
@@ -71,7 +71,7 @@ def _activate_locked() -> None:
         import transformers.modeling_utils  # noqa: F401  (the hook, if armed, fires here and does nothing)
 
         from .integration.attention import register  # lazy: `import hf_kernel_attn` stays torch-free until here
-        from .integration.patching import install_hooks  # lazy: as above (runs when transformers' model code loads)
+        from .integration.hooks import install_hooks  # lazy: as above (runs when transformers' model code loads)
 
         register()
         install_hooks()

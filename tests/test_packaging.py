@@ -1,8 +1,8 @@
 """setup.cfg's dependency ranges, constraints.txt (the newest tested set) and constraints-min.txt (the lowest
 supported set) tell one story: every requirement of the package and of its extras has a lower bound, is pinned at
 exactly that bound in constraints-min.txt and inside its range in constraints.txt; no upper bound shuts out a tested
-version or the releases the package promises to install beside (torch 2.8-2.15, transformers 5.4-5.25; kvpress
-needs transformers < 5.3, where loading a saved kernel checkpoint does not work yet); CI runs the suite on both sets.
+version or the releases the package promises to install beside (torch 2.8-2.15, transformers 5.2-5.25; kvpress
+needs transformers < 5.3); CI runs the suite on both sets.
 Read with ``packaging`` and ``configparser``, not with project code."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # releases a user may already have that installing the plugin must keep (the promise in setup.cfg's comment)
 MUST_ADMIT = {
     "torch": ["2.5.0", "2.8.0", "2.9.1", "2.12.0", "2.13.0", "2.14.1", "2.15.0"],
-    "transformers": ["5.4.0", "5.10.1", "5.24.0", "5.25.0"],
+    "transformers": ["5.2.0", "5.3.0", "5.4.0", "5.10.1", "5.24.0", "5.25.0"],
 }
 
 

@@ -4,7 +4,7 @@ Three entry points share one implementation (:func:`apply_config`):
 
 * :func:`patch` — a model already in memory;
 * ``from_pretrained(..., attn_implementation=<kernel>)`` / ``set_attn_implementation(<kernel>)`` —
-  through the hooks installed by :func:`install_hooks` on ``PreTrainedModel``;
+  through the hooks of :mod:`.hooks` on ``PreTrainedModel``;
 * loading a saved kernel model — ``post_init`` reads ``config.kernel_attention`` and attaches the
   kernel modules before the checkpoint (which holds their parameters) is loaded.
 """
@@ -29,9 +29,9 @@ from ..kernels import KERNELS, SOFTMAX, Kernel, LayerShape, build_kernel, kernel
 from ..kernels.registry import causal_only_kernels
 from . import positions
 from .attention import KERNEL_ATTR, SAVED_NAME
-from .cache import CACHE_KWARGS, RecurrentStateCache, install_cache_hook, remove_cache_hook, wants_state_cache
+from .cache import install_cache_hook, remove_cache_hook
 from .modules import attention_modules
-from .remote_code import forget_remote_code, remove_remote_code, write_remote_code
+from .remote_code import forget_remote_code
 
 
 def _text_config(config: Any) -> Any:
@@ -55,7 +55,7 @@ def layer_shape(config: Any, module: nn.Module, idx: int) -> LayerShape:
     return LayerShape(int(heads), int(kv_heads), int(head_dim), idx, int(max_pos))
 
 
-def _no_interface_message(name: str) -> str:
+def no_interface_message(name: str) -> str:
     return (f"{name} does not route its attention through transformers' AttentionInterface, so hf_kernel_attn "
             "cannot swap its kernel (supported: Llama/SmolLM2, Qwen2, Mistral, GPT-2, BERT/MiniLM, T5, and the other "
             "models whose attention calls ALL_ATTENTION_FUNCTIONS; docs/architectures.md lists the tested ones)")
@@ -74,7 +74,7 @@ def module_uses_interface(cls: type) -> bool:
 
 def _check_model(model: nn.Module, modules: list[nn.Module], kcfg: KernelAttentionConfig) -> None:
     if not modules:
-        raise ValueError(_no_interface_message(type(model).__name__))
+        raise ValueError(no_interface_message(type(model).__name__))
     bad = [i for i in kcfg.layers if i >= len(modules)]
     if bad:
         raise ValueError(f"layer index {bad} out of range: the model has {len(modules)} attention layers")
@@ -201,7 +201,7 @@ def kernel_config(model: nn.Module) -> KernelAttentionConfig | None:
     return KernelAttentionConfig.from_dict(data) if data else None
 
 
-def _config_for(impl: str, data: dict | None) -> KernelAttentionConfig:
+def config_for(impl: str, data: dict | None) -> KernelAttentionConfig:
     """The stored config when it is for kernel ``impl``, else ``impl`` with default options."""
     if data and data.get("kernel") == impl:
         return KernelAttentionConfig.from_dict(data)
@@ -254,7 +254,7 @@ def sync_from_config(model: nn.Module) -> None:
         _drop_saved_kernel(model, stock, data)
         return
     if impl in KERNELS:
-        kcfg = _config_for(impl, data)
+        kcfg = config_for(impl, data)
     elif data:  # a saved kernel model (its config names SAVED_NAME, or the name was dropped on save)
         kcfg = KernelAttentionConfig.from_dict(data)
         model._hf_kernel_attn_saved = True  # its checkpoint must hold the kernel parameters (check_loaded_kernels)
@@ -303,126 +303,9 @@ def is_gguf_model(model: nn.Module) -> bool:
     return str(getattr(method, "value", method)).lower() == "gguf"
 
 
-def _mark_saved_config(save_directory: str | os.PathLike) -> None:
+def mark_saved_config(save_directory: str | os.PathLike) -> None:
     path = os.path.join(save_directory, "config.json")
     with open(path) as f:
         data = json.load(f)
     data["attn_implementation"] = SAVED_NAME
     write_json_atomic(path, data)
-
-
-_HOOKS_INSTALLED = False
-
-
-def install_hooks() -> None:
-    """Wrap five PreTrainedModel methods and one of generate's (idempotent):
-
-    * ``post_init`` — attach kernels when the config names one;
-    * ``_initialize_weights`` — kernels missing from a checkpoint get their own init;
-    * ``set_attn_implementation`` — a kernel name attaches kernels;
-    * ``_finalize_model_loading`` — a saved kernel model whose checkpoint lacks (or mis-shapes) its kernel
-      parameters raises (:func:`check_loaded_kernels`);
-    * ``save_pretrained`` — GGUF models get a conversion hint; kernel models are marked in config.json so
-      that loading them without ``import hf_kernel_attn`` fails loudly instead of running softmax;
-    * ``GenerationMixin._prepare_cache_for_generation`` — a model with linear kernels or windowed softmax
-      (``window`` > 0) decodes with a :class:`~.cache.RecurrentStateCache` (recurrent states, bounded sink +
-      window K/V, a DynamicLayer for every other layer) unless the caller passed a cache.
-    """
-    global _HOOKS_INSTALLED
-    if _HOOKS_INSTALLED:
-        return
-    from transformers import PreTrainedModel
-
-    orig_post_init = PreTrainedModel.post_init
-    orig_init_weights = PreTrainedModel._initialize_weights
-    orig_set_impl = PreTrainedModel.set_attn_implementation
-    orig_save = PreTrainedModel.save_pretrained
-    orig_finalize = PreTrainedModel.__dict__.get("_finalize_model_loading")
-
-    @functools.wraps(orig_post_init)
-    def post_init(self, *args, **kwargs):
-        out = orig_post_init(self, *args, **kwargs)
-        sync_from_config(self)
-        return out
-
-    @functools.wraps(orig_init_weights)
-    def _initialize_weights(self, module, *args, **kwargs):
-        if isinstance(module, Kernel):
-            tensors = list(module.parameters()) + list(module.buffers())
-            loaded = all(getattr(t, "_is_hf_initialized", False) for t in tensors)
-            if not (loaded or getattr(module, "_is_hf_initialized", False)):
-                with torch.no_grad():
-                    module.reset_parameters()
-                module._is_hf_initialized = True
-            return None
-        return orig_init_weights(self, module, *args, **kwargs)
-
-    orig_check_impl = PreTrainedModel._check_and_adjust_attn_implementation
-
-    @functools.wraps(orig_check_impl)
-    def _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs):
-        if kwargs.get("is_init_check") or (args and args[0] is True):
-            object.__setattr__(self, REQUESTED_ATTR, attn_implementation)  # before nn.Module's registries exist
-            if attn_implementation in KERNELS and not module_uses_interface(type(self)):
-                raise ValueError(_no_interface_message(type(self).__name__))
-        return orig_check_impl(self, attn_implementation, *args, **kwargs)
-
-    @functools.wraps(orig_set_impl)
-    def set_attn_implementation(self, attn_implementation, *args, **kwargs):
-        if isinstance(attn_implementation, str) and attn_implementation in KERNELS:
-            apply_config(self, _config_for(attn_implementation, getattr(self.config, CONFIG_KEY, None)))
-            return None
-        if getattr(self.config, CONFIG_KEY, None):
-            unpatch(self)  # the model now runs (and saves as) the stock attention asked for
-        return orig_set_impl(self, attn_implementation, *args, **kwargs)
-
-    @functools.wraps(orig_save)
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        if is_gguf_model(self):
-            raise ValueError(
-                "this model was loaded from a GGUF file and transformers cannot save it; convert it to a normal "
-                "checkpoint first with hf_kernel_attn.convert_gguf(path, gguf_file, output_dir) or "
-                "`hf-kernel-attn convert-gguf`"
-            )
-        out = orig_save(self, save_directory, *args, **kwargs)
-        if not kwargs.get("is_main_process", True):
-            return out
-        if getattr(self.config, CONFIG_KEY, None):
-            _mark_saved_config(save_directory)
-            write_remote_code(save_directory, self.config)
-        else:
-            remove_remote_code(save_directory)
-        return out
-
-    if isinstance(orig_finalize, staticmethod):
-        finalize_fn = orig_finalize.__func__
-
-        @functools.wraps(finalize_fn)
-        def _finalize_model_loading(model, load_config, loading_info, *args, **kwargs):
-            check_loaded_kernels(model, loading_info)
-            return finalize_fn(model, load_config, loading_info, *args, **kwargs)
-
-        PreTrainedModel._finalize_model_loading = staticmethod(_finalize_model_loading)
-
-    from transformers.cache_utils import DynamicCache
-    from transformers.generation.utils import GenerationMixin
-
-    orig_prepare_cache = GenerationMixin._prepare_cache_for_generation
-
-    @functools.wraps(orig_prepare_cache)
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
-        # generate's cache is model_kwargs["cache"] (newer transformers) or ["past_key_values"] (older ones)
-        user_cache = any(model_kwargs.get(name) is not None for name in CACHE_KWARGS)
-        out = orig_prepare_cache(self, generation_config, model_kwargs, *args, **kwargs)
-        for name in CACHE_KWARGS:
-            if not user_cache and type(model_kwargs.get(name)) is DynamicCache and wants_state_cache(self):
-                model_kwargs[name] = RecurrentStateCache(self)
-        return out
-
-    GenerationMixin._prepare_cache_for_generation = _prepare_cache_for_generation
-    PreTrainedModel.post_init = post_init
-    PreTrainedModel._initialize_weights = _initialize_weights
-    PreTrainedModel.set_attn_implementation = set_attn_implementation
-    PreTrainedModel._check_and_adjust_attn_implementation = _check_and_adjust_attn_implementation
-    PreTrainedModel.save_pretrained = save_pretrained
-    _HOOKS_INSTALLED = True
