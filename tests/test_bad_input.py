@@ -300,15 +300,15 @@ MISSING_MODEL = "/nonexistent/model-folder"  # the model would fail to load: dat
 
 
 def test_eval_unknown_task_lists_the_tasks(tmp_path):
-    from hf_kernel_attn.evaluation.runner import ModelSpec, run_eval
+    from hf_kernel_attn.evaluation.runner import EvalSettings, ModelSpec, run_eval
     from hf_kernel_attn.evaluation.tasks import ALL_TASKS
 
     with raises(ValueError, "['wikitext3']", str(list(ALL_TASKS))):
-        run_eval(ModelSpec(MISSING_MODEL), ["wikitext3"], data_dir=tmp_path)
+        run_eval(ModelSpec(MISSING_MODEL), ["wikitext3"], EvalSettings(data_dir=tmp_path))
 
 
 def test_eval_missing_data_files_are_listed_before_the_model_loads(tmp_path):
-    from hf_kernel_attn.evaluation.runner import ModelSpec, run_eval
+    from hf_kernel_attn.evaluation.runner import EvalSettings, ModelSpec, run_eval
 
     with raises(FileNotFoundError, str(tmp_path),
                 "wikitext2 --split validation expects ['wikitext-2-raw/wiki.valid.raw']",
@@ -317,13 +317,13 @@ def test_eval_missing_data_files_are_listed_before_the_model_loads(tmp_path):
                 "sst2 --split validation expects ['sst2/train.tsv']",
                 "stsb_embedding --split validation expects ['stsb/train.tsv']"):
         run_eval(ModelSpec(MISSING_MODEL), ["wikitext2", "arc_easy", "piqa", "sst2", "stsb_embedding"],
-                 data_dir=tmp_path)
+                 EvalSettings(data_dir=tmp_path))
     (tmp_path / "piqa").mkdir()
     (tmp_path / "piqa" / "valid.jsonl").write_text("{}\n")
     with raises(FileNotFoundError, "missing ['piqa/valid-labels.lst']"):
-        run_eval(ModelSpec(MISSING_MODEL), ["piqa"], data_dir=tmp_path)
+        run_eval(ModelSpec(MISSING_MODEL), ["piqa"], EvalSettings(data_dir=tmp_path))
     with raises(FileNotFoundError, "'/nonexistent/data'", "not a folder"):
-        run_eval(ModelSpec(MISSING_MODEL), ["wikitext2"], data_dir="/nonexistent/data")
+        run_eval(ModelSpec(MISSING_MODEL), ["wikitext2"], EvalSettings(data_dir="/nonexistent/data"))
 
 
 def _wikitext(tmp_path: Path, content: bytes) -> Path:
@@ -342,10 +342,10 @@ def _wikitext(tmp_path: Path, content: bytes) -> Path:
     ],
 )
 def test_eval_empty_binary_or_non_utf8_text(tmp_path, content, exc, fragments):
-    from hf_kernel_attn.evaluation.runner import ModelSpec, run_eval
+    from hf_kernel_attn.evaluation.runner import EvalSettings, ModelSpec, run_eval
 
     with raises(exc, *fragments):
-        run_eval(ModelSpec(MISSING_MODEL), ["wikitext2"], data_dir=_wikitext(tmp_path, content))
+        run_eval(ModelSpec(MISSING_MODEL), ["wikitext2"], EvalSettings(data_dir=_wikitext(tmp_path, content)))
 
 
 def test_perplexity_of_too_short_text(minilm_tok):
@@ -392,7 +392,7 @@ def test_cli_perplexity_empty_or_binary_file(tmp_path):
     ],
 )
 def test_eval_data_file_with_missing_columns(tmp_path, task, files, fragments):
-    from hf_kernel_attn.evaluation.runner import ModelSpec, run_eval
+    from hf_kernel_attn.evaluation.runner import EvalSettings, ModelSpec, run_eval
 
     for name, content in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -401,7 +401,7 @@ def test_eval_data_file_with_missing_columns(tmp_path, task, files, fragments):
         else:
             (tmp_path / name).write_text(content)
     with raises(ValueError, *fragments):
-        run_eval(ModelSpec(MISSING_MODEL), [task], data_dir=tmp_path)
+        run_eval(ModelSpec(MISSING_MODEL), [task], EvalSettings(data_dir=tmp_path))
 
 
 # --------------------------------------------------------------------------------- training inputs

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..evaluation.lm_eval_tasks import local_task_args, register_model
-from ..evaluation.runner import ModelSpec, run_eval, summary_table
+from ..evaluation.runner import EvalSettings, ModelSpec, run_eval, summary_table
 from ..kernel_args import check_param_targets, kernel_options, parse_kernel_spec, parse_params
 from ..kernels import SOFTMAX
 from ..leaderboard.runner import leaderboard
@@ -51,10 +51,10 @@ def eval_command(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     kernel, options = eval_kernel(args.kernel, args.param)
     spec = ModelSpec(args.model, args.gguf_file, kernel, args.layers, options)
-    records = run_eval(spec, args.tasks, data_dir=args.data_dir, split=args.split, limit=args.limit,
-                       batch_size=args.batch_size, context=args.context, stride=args.stride, output=args.output,
-                       lengths=args.lengths, depths=args.depths, samples=args.samples, seed=args.seed,
-                       plot_dir=args.plot_dir)
+    settings = EvalSettings(split=args.split, data_dir=args.data_dir, limit=args.limit, batch_size=args.batch_size,
+                            context=args.context, stride=args.stride, lengths=args.lengths, depths=args.depths,
+                            samples=args.samples, seed=args.seed, output=args.output, plot_dir=args.plot_dir)
+    records = run_eval(spec, args.tasks, settings)
     print(summary_table(records))
     if args.update_card:
         print(f"model card updated: {add_eval_results(path, records, limit=args.limit)}")

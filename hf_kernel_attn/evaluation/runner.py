@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,8 @@ from .long_context.plots import plot_long_context
 from .task import MODEL_CLASSES, RECORD_KEYS, EvalOptions, EvalRun, EvalTask
 from .tasks import check_data_files, check_split, check_split_of, get_task, get_tasks
 
-__all__ = ["COST_KEYS", "LONG_CONTEXT_KEYS", "RECORD_KEYS", "ModelSpec", "check_local_data", "check_model_path",
-           "embed", "mean_pool", "run_eval", "summary_table"]
+__all__ = ["COST_KEYS", "LONG_CONTEXT_KEYS", "RECORD_KEYS", "EvalSettings", "ModelSpec", "check_local_data",
+           "check_model_path", "embed", "mean_pool", "run_eval", "summary_table"]
 
 
 @dataclasses.dataclass
@@ -91,21 +92,41 @@ def check_local_data(tasks: list[str], split: str, data_dir: str | os.PathLike) 
         get_task(task).check_data(split, data_dir)
 
 
-def run_eval(spec: ModelSpec, tasks: list[str], *, data_dir: str | os.PathLike | None = None,
-             split: str = "validation", limit: int | None = None, batch_size: int = 1, context: int = 1024,
-             stride: int | None = None, output: str | os.PathLike | None = None,
-             lengths: list[int] | tuple[int, ...] = DEFAULT_LENGTHS,
-             depths: list[float] | tuple[float, ...] = DEFAULT_DEPTHS, samples: int = DEFAULT_SAMPLES,
-             seed: int = 0, plot_dir: str | os.PathLike | None = None,
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """How :func:`run_eval` runs its tasks and where it writes: the options of ``hf-kernel-attn eval``, one field
+    per flag of the same name. :meth:`task_options` is what the tasks read."""
+
+    split: str = "validation"  # --split: validation or test
+    data_dir: str | os.PathLike | None = None  # --data-dir: the local files of EVAL_SPLITS.md (None: the hub)
+    limit: int | None = None  # --limit: the first N examples (perplexity: windows)
+    batch_size: int = 1  # --batch-size
+    context: int = 1024  # --context: perplexity window, tokens
+    stride: int | None = None  # --stride: perplexity window step, tokens
+    lengths: Sequence[int] = DEFAULT_LENGTHS  # --lengths: long-context prompt lengths, tokens
+    depths: Sequence[float] = DEFAULT_DEPTHS  # --depths: long-context needle depths, percent
+    samples: int = DEFAULT_SAMPLES  # --samples: prompts per long-context (length, depth) cell
+    seed: int = 0  # --seed: of the long-context prompts
+    output: str | os.PathLike | None = None  # --output: the JSONL file each record is appended to
+    plot_dir: str | os.PathLike | None = None  # --plot-dir: long-context heat maps and loss curves
+
+    def task_options(self) -> EvalOptions:
+        """The options the tasks read (every field but ``output`` and ``plot_dir``)."""
+        return EvalOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EvalOptions)})
+
+
+def run_eval(spec: ModelSpec, tasks: list[str], settings: EvalSettings | None = None, *,
              models: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Run ``tasks`` on the model of ``spec``; append each record to ``output`` (JSONL) as it finishes.
-    Long-context tasks run every (length, depth) cell of ``lengths`` × ``depths`` with ``samples`` prompts,
-    deterministic for ``seed``; ``plot_dir`` gets their heat maps and loss curves. ``models``: a dict the caller
-    keeps across calls for the same ``spec`` (model kind -> loaded model and tokenizer), so that a sweep calling
-    once per task loads the model once; a task that fails drops it (it may have left the model changed)."""
+    """Run ``tasks`` on the model of ``spec`` with ``settings`` (default: :class:`EvalSettings`'s defaults);
+    append each record to ``settings.output`` (JSONL) as it finishes. Long-context tasks run every (length,
+    depth) cell of ``lengths`` × ``depths`` with ``samples`` prompts, deterministic for ``seed``; ``plot_dir``
+    gets their heat maps and loss curves. ``models``: a dict the caller keeps across calls for the same ``spec``
+    (model kind -> loaded model and tokenizer), so that a sweep calling once per task loads the model once; a
+    task that fails drops it (it may have left the model changed)."""
+    settings = settings or EvalSettings()
+    split, data_dir, limit, output = settings.split, settings.data_dir, settings.limit, settings.output
     objs: list[EvalTask] = get_tasks(tasks)
-    options = EvalOptions(split=split, data_dir=data_dir, limit=limit, batch_size=batch_size, context=context,
-                          stride=stride, lengths=lengths, depths=depths, samples=samples, seed=seed)
+    options = settings.task_options()
     for obj in objs:
         obj.check_options(options)
     check_split(split)
@@ -137,8 +158,8 @@ def run_eval(spec: ModelSpec, tasks: list[str], *, data_dir: str | os.PathLike |
                 for r in new:
                     f.write(json.dumps(r) + "\n")
     grids = {obj.name for obj in objs if obj.by_length}  # records per (length, depth) cell
-    if plot_dir is not None and any(r["task"] in grids for r in records):
-        plot_long_context(records, plot_dir)
+    if settings.plot_dir is not None and any(r["task"] in grids for r in records):
+        plot_long_context(records, settings.plot_dir)
     return records
 
 

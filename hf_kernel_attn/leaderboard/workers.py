@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..evaluation.runner import ModelSpec, run_eval
+from ..evaluation.runner import EvalSettings, ModelSpec, run_eval
 from ..evaluation.task import main_metric
 from ..kernels import import_modules, is_softmax
 from ..model_paths import CorruptCheckpointError
@@ -105,10 +105,11 @@ def evaluate_row(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: list
         start = time.perf_counter()
         try:
             with heartbeat(label):
-                records = run_eval(spec, [task], data_dir=cfg["data_dir"], split=cfg["split"], limit=limit,
-                                   batch_size=cfg["batch_size"], context=cfg["context"],
-                                   lengths=m.get("lengths", cfg["lengths"]), depths=m.get("depths", cfg["depths"]),
-                                   samples=m.get("samples", cfg["samples"]), seed=cfg["seed"], models=models)
+                settings = EvalSettings(split=cfg["split"], data_dir=cfg["data_dir"], limit=limit,
+                                        batch_size=cfg["batch_size"], context=cfg["context"],
+                                        lengths=m.get("lengths", cfg["lengths"]), depths=m.get("depths", cfg["depths"]),
+                                        samples=m.get("samples", cfg["samples"]), seed=cfg["seed"])
+                records = run_eval(spec, [task], settings, models=models)
         except CorruptCheckpointError as exc:
             raise CorruptCheckpointError(f"leaderboard model {m['name']!r}: {exc}") from None
         except Exception as exc:

@@ -3,6 +3,7 @@ embedding scores against scikit-learn/scipy, lm-eval's stock ``hf`` model agains
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -13,7 +14,8 @@ import pytest
 import torch
 
 from hf_kernel_attn.evaluation.lm_eval_tasks import _convert, local_task_dir
-from hf_kernel_attn.evaluation.runner import RECORD_KEYS, ModelSpec, run_eval
+from hf_kernel_attn.evaluation.runner import RECORD_KEYS, EvalSettings, ModelSpec, run_eval
+from hf_kernel_attn.evaluation.task import EvalOptions
 from tests.paths import DATA
 
 pytestmark = pytest.mark.real_model
@@ -46,8 +48,8 @@ def test_wikitext2_perplexity_matches_the_guide(smollm2_dir, smollm2, stride, tm
     from transformers import AutoTokenizer
 
     out = tmp_path / "r.jsonl"
-    records = run_eval(ModelSpec(str(smollm2_dir)), ["wikitext2"], data_dir=DATA, context=128, stride=stride,
-                       limit=3, output=out)
+    records = run_eval(ModelSpec(str(smollm2_dir)), ["wikitext2"],
+                       EvalSettings(data_dir=DATA, limit=3, context=128, stride=stride, output=out))
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     text = (DATA / "wikitext-2-raw" / "wiki.valid.raw").read_text()
     ids = torch.tensor(tok(text[:20000], add_special_tokens=False)["input_ids"])
@@ -61,8 +63,9 @@ def test_wikitext2_perplexity_matches_the_guide(smollm2_dir, smollm2, stride, tm
 
 
 def test_patched_kernel_changes_perplexity(smollm2_dir):
-    base = run_eval(ModelSpec(str(smollm2_dir)), ["wikitext2"], data_dir=DATA, context=64, limit=2)
-    elu = run_eval(ModelSpec(str(smollm2_dir), kernel="elu"), ["wikitext2"], data_dir=DATA, context=64, limit=2)
+    base = run_eval(ModelSpec(str(smollm2_dir)), ["wikitext2"], EvalSettings(data_dir=DATA, limit=2, context=64))
+    elu = run_eval(ModelSpec(str(smollm2_dir), kernel="elu"), ["wikitext2"],
+                   EvalSettings(data_dir=DATA, limit=2, context=64))
     assert elu[0]["kernel"] == "elu" and elu[0]["value"] > 2 * base[0]["value"]
 
 
@@ -71,7 +74,7 @@ def test_stsb_embedding_matches_independent_computation(minilm_dir, minilm, mini
 
     from hf_kernel_attn.data import load_glue
 
-    rec = run_eval(ModelSpec(str(minilm_dir)), ["stsb_embedding"], data_dir=DATA, limit=60)[0]
+    rec = run_eval(ModelSpec(str(minilm_dir)), ["stsb_embedding"], EvalSettings(data_dir=DATA, limit=60))[0]
     rows = load_glue("stsb", "validation", DATA)[:60]
 
     def emb(texts):
@@ -100,7 +103,7 @@ def test_glue_metrics_match_sklearn(tmp_path, minilm_dir):
     (tmp_path / "data" / "mrpc").mkdir(parents=True)
     src = (DATA / "mrpc" / "train.tsv").read_text(encoding="utf-8-sig").splitlines()
     (tmp_path / "data" / "mrpc" / "dev.tsv").write_text("\n".join(src[:41]) + "\n", encoding="utf-8")
-    recs = run_eval(ModelSpec(str(tmp_path / "clf")), ["mrpc"], data_dir=tmp_path / "data", split="test")
+    recs = run_eval(ModelSpec(str(tmp_path / "clf")), ["mrpc"], EvalSettings(split="test", data_dir=tmp_path / "data"))
     got = {r["metric"]: r["value"] for r in recs}
     tok = AutoTokenizer.from_pretrained(minilm_dir)
     rows = [ln.split("\t") for ln in src[1:41]]
@@ -171,17 +174,27 @@ def test_our_lm_eval_model_equals_stock_hf(smollm2_dir, tmp_path):
     assert "acc,none" in stock["lambada_openai"] and "perplexity,none" in stock["lambada_openai"]
 
 
+def test_eval_settings_carry_every_task_option():
+    """The settings of `run_eval` are the tasks' options plus where the records and plots go."""
+    settings = {f.name for f in dataclasses.fields(EvalSettings)}
+    assert settings - {f.name for f in dataclasses.fields(EvalOptions)} == {"output", "plot_dir"}
+    assert EvalSettings().task_options() == EvalOptions()
+    assert EvalSettings(limit=3, seed=7, output="r.jsonl").task_options() == EvalOptions(limit=3, seed=7)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        EvalSettings().limit = 3
+
+
 def test_eval_errors(smollm2_dir, tmp_path):
     with pytest.raises(ValueError, match="unknown task"):
-        run_eval(ModelSpec(str(smollm2_dir)), ["wikitext3"], data_dir=DATA)
+        run_eval(ModelSpec(str(smollm2_dir)), ["wikitext3"], EvalSettings(data_dir=DATA))
     with pytest.raises(ValueError, match="unknown split"):
-        run_eval(ModelSpec(str(smollm2_dir)), ["wikitext2"], data_dir=DATA, split="dev")
+        run_eval(ModelSpec(str(smollm2_dir)), ["wikitext2"], EvalSettings(split="dev", data_dir=DATA))
     with pytest.raises(FileNotFoundError, match="wiki.test.raw"):
-        run_eval(ModelSpec(str(smollm2_dir)), ["wikitext2"], data_dir=DATA, split="test")
+        run_eval(ModelSpec(str(smollm2_dir)), ["wikitext2"], EvalSettings(split="test", data_dir=DATA))
     with pytest.raises(FileNotFoundError, match="ARC-Easy-Test.jsonl"):
         local_task_dir(["arc_easy"], DATA, "test", tmp_path)
     with pytest.raises(ValueError, match="need --kernel"):
-        run_eval(ModelSpec(str(smollm2_dir), layers=[0]), ["wikitext2"], data_dir=DATA)
+        run_eval(ModelSpec(str(smollm2_dir), layers=[0]), ["wikitext2"], EvalSettings(data_dir=DATA))
     proc = subprocess.run([sys.executable, "-m", "hf_kernel_attn.cli", "eval", "--model", str(smollm2_dir),
                            "--tasks", "nope"], capture_output=True, text=True)
     assert proc.returncode == 2 and "available tasks" in proc.stderr

@@ -130,7 +130,7 @@ def test_a_row_loads_its_model_once_and_scores_each_task_as_a_fresh_load_does(ti
     equal those of `run_eval` on a freshly loaded model for that task alone (a task leaves nothing behind in the
     model that changes the next one's numbers)."""
     from hf_kernel_attn.evaluation import runner
-    from hf_kernel_attn.evaluation.runner import ModelSpec, run_eval
+    from hf_kernel_attn.evaluation.runner import EvalSettings, ModelSpec, run_eval
 
     loads = []
     original = runner.ModelSpec.load
@@ -152,8 +152,8 @@ def test_a_row_loads_its_model_once_and_scores_each_task_as_a_fresh_load_does(ti
     for kernel in ("softmax", "elu"):
         for task in tasks:
             spec = ModelSpec(str(tiny_llama), None, kernel)
-            fresh = run_eval(spec, [task], data_dir=DATA, limit=2, context=64, lengths=[128], depths=[50],
-                             samples=1)
+            fresh = run_eval(spec, [task], EvalSettings(data_dir=DATA, limit=2, context=64, lengths=[128],
+                                                        depths=[50], samples=1))
             got = [r for r in rows if r["kernel_row"] == kernel and r["task"] == task]
             a = [{k: v for k, v in r.items() if k not in drop} for r in got]
             b = [{k: v for k, v in r.items() if k not in drop} for r in fresh]

@@ -69,10 +69,11 @@ def test_stock_lm_eval_with_remote_code_equals_our_eval(saved_hedgehog, tmp_path
     """`lm_eval --model hf ... trust_remote_code=True` (no plugin import in the command) gives the
     numbers of `hf-kernel-attn eval` on the same local task."""
     from hf_kernel_attn.evaluation.lm_eval_tasks import local_task_dir
-    from hf_kernel_attn.evaluation.runner import ModelSpec, run_eval
+    from hf_kernel_attn.evaluation.runner import EvalSettings, ModelSpec, run_eval
 
     path = saved_hedgehog[0]
-    ours = {r["metric"]: r["value"] for r in run_eval(ModelSpec(str(path)), ["arc_easy"], data_dir=DATA, limit=6)}
+    records = run_eval(ModelSpec(str(path)), ["arc_easy"], EvalSettings(data_dir=DATA, limit=6))
+    ours = {r["metric"]: r["value"] for r in records}
     tasks = local_task_dir(["arc_easy"], DATA, "validation", tmp_path / "tasks")
     proc = subprocess.run(
         [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={path},trust_remote_code=True",
