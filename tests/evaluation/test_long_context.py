@@ -17,6 +17,7 @@ from hf_kernel_attn.evaluation.long_context.niah import NEEDLE as NIAH_NEEDLE
 from hf_kernel_attn.evaluation.long_context.passkey import FILLER, NEEDLE
 from hf_kernel_attn.evaluation.long_context.position_loss import buckets
 from hf_kernel_attn.evaluation.long_context.runner import (
+    LongContextGrid,
     TokenizedText,
     _teacher_scores,
     bos_ids,
@@ -102,11 +103,19 @@ def test_passkey_depth_is_validated(encode):
         TASKS["passkey"].samples(encode, 40, 50, 1, seed=0)
 
 
+def test_niah_reads_its_sentence_starts_from_the_tokenized_text(encode, wiki):
+    """The filler is a sequence of token ids (what position_loss reads) that knows its sentence starts; niah refuses
+    bare ids, which do not."""
+    assert len(wiki) == len(wiki.ids) and wiki[5] == wiki.ids[5] and wiki[10:20] == wiki.ids[10:20]
+    assert list(wiki[:3]) == wiki.ids[:3] and any(wiki.is_boundary(i) for i in range(1, 2000))
+    with pytest.raises(ValueError, match="niah needs natural filler text"):
+        TASKS["niah"].samples(encode, 1024, 50, 1, seed=0, text_ids=wiki.ids)
+
+
 @pytest.mark.parametrize("metric", ["exact_match", "exact_match_multikey"])
 @pytest.mark.parametrize("depth", [0, 50, 100])
 def test_niah_needles(encode, smollm2_tok, wiki, metric, depth):
-    cells = TASKS["niah"].samples(encode, 1024, depth, 3, seed=1, metric=metric, text_ids=wiki.ids,
-                                  is_boundary=wiki.is_boundary)
+    cells = TASKS["niah"].samples(encode, 1024, depth, 3, seed=1, metric=metric, text_ids=wiki)
     for s in cells:
         assert len(s.ids) == 1024
         text = smollm2_tok.decode(s.ids)
@@ -158,8 +167,7 @@ def test_position_loss_buckets_match_transformers_loss(smollm2, smollm2_tok):
     from hf_kernel_attn.evaluation.tasks import read_text_task
 
     text = read_text_task("wikitext2", "validation", DATA)[:20_000]
-    res = run_long_context(smollm2, smollm2_tok, "position_loss", lengths=[64, 128], depths=[0], samples=2, seed=0,
-                           text=text)
+    res = run_long_context(smollm2, smollm2_tok, "position_loss", LongContextGrid([64, 128], [0], 2, 0), text=text)
     assert [(r["position_start"], r["length"]) for r in res] == [(0, 64), (64, 128)]
     seqs = TASKS["position_loss"].samples(lambda t: smollm2_tok(t, add_special_tokens=False).input_ids, 128, 0, 2, 0,
                                           text_ids=TokenizedText(smollm2_tok, text).ids, bos=bos_ids(smollm2_tok))
@@ -190,12 +198,12 @@ def test_passkey_on_smollm2_and_a_short_window(smollm2, smollm2_tok, fresh):
     import hf_kernel_attn
 
     fresh(smollm2)
-    kw = dict(lengths=[256], depths=[0], samples=2, seed=0)
-    assert run_long_context(smollm2, smollm2_tok, "passkey", **kw)[0]["value"] == 100
+    grid = LongContextGrid(lengths=[256], depths=[0], samples=2, seed=0)
+    assert run_long_context(smollm2, smollm2_tok, "passkey", grid)[0]["value"] == 100
     hf_kernel_attn.patch(smollm2, kernel="softmax", window=16)
-    assert run_long_context(smollm2, smollm2_tok, "passkey", **kw)[0]["value"] == 0
+    assert run_long_context(smollm2, smollm2_tok, "passkey", grid)[0]["value"] == 0
     hf_kernel_attn.patch(smollm2, kernel="softmax", window=256)
-    assert run_long_context(smollm2, smollm2_tok, "passkey", **kw)[0]["value"] == 100
+    assert run_long_context(smollm2, smollm2_tok, "passkey", grid)[0]["value"] == 100
 
 
 def test_recall_cells_carry_their_decode_cost(smollm2, smollm2_tok, fresh):
@@ -205,16 +213,16 @@ def test_recall_cells_carry_their_decode_cost(smollm2, smollm2_tok, fresh):
     import hf_kernel_attn
 
     fresh(smollm2)
-    kw = dict(lengths=[128, 256], depths=[50], samples=2, seed=0)
+    grid = LongContextGrid(lengths=[128, 256], depths=[50], samples=2, seed=0)
     cfg = smollm2.config
     head_dim = cfg.hidden_size // cfg.num_attention_heads
-    soft = run_long_context(smollm2, smollm2_tok, "passkey", **kw)
+    soft = run_long_context(smollm2, smollm2_tok, "passkey", grid)
     for cell in soft:
         want = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cell["length"] * head_dim * 4
         assert cell["cache_bytes"] == want
         assert cell["decode_ms_per_token"] > 0 and cell["decode_batch"] == 2
     hf_kernel_attn.patch(smollm2, kernel="deltanet", window=16, sinks=2)
-    delta = run_long_context(smollm2, smollm2_tok, "passkey", **kw)
+    delta = run_long_context(smollm2, smollm2_tok, "passkey", grid)
     assert delta[0]["cache_bytes"] == delta[1]["cache_bytes"] < soft[1]["cache_bytes"]
     assert all(c["decode_ms_per_token"] > 0 for c in delta)
 

@@ -25,7 +25,7 @@ def probe_prompts(task: str, tokenizer, data_dir=None):
     filler = {}
     if task == "niah":
         natural = TokenizedText(tokenizer, read_filler_text(data_dir, "validation"))
-        filler = {"text_ids": natural.ids, "is_boundary": natural.is_boundary}
+        filler = {"text_ids": natural}
 
     def prompt(length: int, depth: int, index: int = 0) -> tuple[Sample, range, set[int]]:
         sample = TASKS[task].samples(encode, length, depth, index + 1, 0, bos=bos_ids(tokenizer), **filler)[index]

@@ -11,7 +11,13 @@ from typing import Any
 
 from ..long_context import TASKS as LONG_TASKS
 from ..long_context import LongContextTask
-from ..long_context.runner import TEXT_TASK, check_long_context_args, read_filler_text, run_long_context
+from ..long_context.runner import (
+    TEXT_TASK,
+    LongContextGrid,
+    check_long_context_args,
+    read_filler_text,
+    run_long_context,
+)
 from ..task import EvalOptions, EvalRun, EvalTask
 from .text import text_task
 
@@ -68,8 +74,8 @@ class LongContextEvalTask(EvalTask):
 
     def run(self, run: EvalRun) -> list[dict[str, Any]]:
         text = read_filler_text(run.data_dir, run.split) if self.needs_text else None
-        cells = run_long_context(run.model, run.tokenizer, self.name, lengths=run.lengths, depths=run.depths,
-                                 samples=run.samples, seed=run.seed, text=text, progress=_progress)
+        grid = LongContextGrid(run.lengths, run.depths, run.samples, run.seed)
+        cells = run_long_context(run.model, run.tokenizer, self.name, grid, text=text, progress=_progress)
         out = []
         for c in cells:
             rec = run.record(c["metric"], c["value"], c["stderr"], c["n"], c["seconds"])

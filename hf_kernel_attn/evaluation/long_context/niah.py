@@ -15,6 +15,7 @@ from .base import (
     register_task,
     rng_for,
 )
+from .filler import TokenizedText
 from .words import WORDS
 
 INSTRUCTION = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
@@ -42,10 +43,13 @@ class Niah(LongContextTask):
     needs_text = True
     answer_digits = VALUE_DIGITS
 
-    def samples(self, encode, length, depth, count, seed, *, metric="exact_match", text_ids=None, bos=(),
-                is_boundary=None):
-        if text_ids is None or is_boundary is None:
-            raise ValueError("niah needs natural filler text (text_ids and is_boundary); pass --data-dir")
+    def samples(self, encode, length, depth, count, seed, *, metric="exact_match",
+                text_ids: TokenizedText | None = None, bos=()):
+        """``text_ids``: the filler text with its sentence starts (a :class:`.filler.TokenizedText`); each needle
+        goes in between two sentences."""
+        if not isinstance(text_ids, TokenizedText):
+            raise ValueError("niah needs natural filler text (text_ids: a TokenizedText, which knows its sentence "
+                             "starts); pass --data-dir")
         distractors = DISTRACTORS if metric == "exact_match_multikey" else 0
         prefix = [*bos, *encode(INSTRUCTION)]
         out = []
@@ -61,7 +65,7 @@ class Niah(LongContextTask):
                                  f"{length}-token prompt needs")
             begin = rng.randrange(0, len(text_ids) - budget + 1)
             hay = text_ids[begin:begin + budget]
-            starts = sentence_starts(text_ids, begin, budget, is_boundary)
+            starts = sentence_starts(text_ids, begin, budget, text_ids.is_boundary)
             at = needle_index(depth, budget, starts)
             inserts = {at: needles[0]}
             free = [s for s in starts if s != at]

@@ -3,6 +3,7 @@ queries (``teacher``) and per-position loss (``loss``). One result per (metric, 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import statistics
 import time
@@ -16,6 +17,7 @@ from ...integration.cache import cache_bytes, new_cache
 from ..families.text import read_text_task
 from ..task import accuracy_stderr
 from .base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES, TASKS, Sample, exact_match, first_number
+from .filler import TokenizedText
 from .position_loss import buckets
 
 BATCH_TOKENS = 8192  # prompt tokens per forward batch
@@ -32,20 +34,6 @@ def check_long_context_args(lengths: Sequence[int], depths: Sequence[float], sam
         raise ValueError(f"--samples must be an integer >= 1, got {samples!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"--seed must be an integer, got {seed!r}")
-
-
-class TokenizedText:
-    """The natural text of niah / position_loss, tokenised once, with its sentence starts."""
-
-    def __init__(self, tokenizer, text: str) -> None:
-        self.ids = tokenizer(text, add_special_tokens=False).input_ids
-        pieces = {i: tokenizer.decode([i]) for i in set(self.ids)}
-        self._ends = [pieces[i].rstrip().endswith((".", "!", "?")) for i in self.ids]
-        self._starts = [pieces[i][:1] in (" ", "\n") for i in self.ids]
-
-    def is_boundary(self, i: int) -> bool:
-        """A sentence starts at token i: token i - 1 ends one, token i begins with a space or newline."""
-        return 0 < i < len(self.ids) and self._ends[i - 1] and self._starts[i]
 
 
 def _encoder(tokenizer):
@@ -140,18 +128,34 @@ def token_losses(model, ids: list[int]) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="none")
 
 
-def run_long_context(model, tokenizer, task: str, *, lengths: Sequence[int] = DEFAULT_LENGTHS,
-                     depths: Sequence[float] = DEFAULT_DEPTHS, samples: int = DEFAULT_SAMPLES, seed: int = 0,
-                     text: str | None = None, progress=None) -> list[dict[str, Any]]:
-    """Score ``task`` on every (length, depth) cell; returns
-    ``[{"metric", "value", "stderr", "n", "length", "depth", "seconds", "cache_bytes", ...}]`` (position_loss: one
-    per position bucket, ``length`` = the bucket's end, ``depth`` None, plus ``position_start``). Every recall cell
-    carries what it cost: ``cache_bytes``, the decode cache after one prompt of the cell (one sequence, measured
-    by a separate prefill of the cell's first prompt), and for generated answers ``decode_ms_per_token``, the
-    median decode step while answering, with ``decode_batch`` sequences per step."""
+@dataclasses.dataclass(frozen=True)
+class LongContextGrid:
+    """The cells a long-context task is scored on (every length × depth) and the prompts of each cell."""
+
+    lengths: Sequence[int] = DEFAULT_LENGTHS  # prompt lengths, tokens
+    depths: Sequence[float] = DEFAULT_DEPTHS  # needle depths, percent of the haystack
+    samples: int = DEFAULT_SAMPLES  # prompts per (length, depth) cell
+    seed: int = 0  # of the prompts (the same seed gives the same prompts)
+
+    def check(self) -> None:
+        """ValueError naming the bad value (:func:`check_long_context_args`)."""
+        check_long_context_args(self.lengths, self.depths, self.samples, self.seed)
+
+
+def run_long_context(model, tokenizer, task: str, grid: LongContextGrid | None = None, *, text: str | None = None,
+                     progress=None) -> list[dict[str, Any]]:
+    """Score ``task`` on every (length, depth) cell of ``grid`` (default: :class:`LongContextGrid`'s defaults);
+    returns ``[{"metric", "value", "stderr", "n", "length", "depth", "seconds", "cache_bytes", ...}]``
+    (position_loss: one per position bucket, ``length`` = the bucket's end, ``depth`` None, plus
+    ``position_start``). Every recall cell carries what it cost: ``cache_bytes``, the decode cache after one
+    prompt of the cell (one sequence, measured by a separate prefill of the cell's first prompt), and for
+    generated answers ``decode_ms_per_token``, the median decode step while answering, with ``decode_batch``
+    sequences per step. ``text``: the natural filler text of the tasks that need one."""
+    grid = grid or LongContextGrid()
+    lengths, depths, samples, seed = grid.lengths, grid.depths, grid.samples, grid.seed
     if task not in TASKS:
         raise ValueError(f"unknown long-context task {task!r}; available: {sorted(TASKS)}")
-    check_long_context_args(lengths, depths, samples, seed)
+    grid.check()
     spec = TASKS[task]
     encode, bos = _encoder(tokenizer), bos_ids(tokenizer)
     natural = None
@@ -176,7 +180,7 @@ def run_long_context(model, tokenizer, task: str, *, lengths: Sequence[int] = DE
     for metric in spec.metrics if spec.kind == "generate" else (spec.metrics[0],):
         for length in lengths:
             for depth in depths:
-                kwargs = {"text_ids": natural.ids, "is_boundary": natural.is_boundary} if natural else {}
+                kwargs = {"text_ids": natural} if natural else {}  # niah reads its sentence starts
                 cell = spec.samples(encode, length, depth, samples, seed, metric=metric, bos=bos, **kwargs)
                 cost: dict[str, Any] = {"cache_bytes": prompt_cache_bytes(model, cell[0].ids)}
                 start = time.perf_counter()  # the scoring alone
