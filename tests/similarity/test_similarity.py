@@ -11,6 +11,7 @@ import torch
 
 from hf_kernel_attn.cli import main as cli_main
 from hf_kernel_attn.similarity import synthetic as syn
+from hf_kernel_attn.similarity import synthetic_tasks as seqs
 from hf_kernel_attn.similarity.geometry import geometry, kernel_on_plane
 from hf_kernel_attn.similarity.report import aggregate, render_leaderboard, table
 
@@ -28,12 +29,12 @@ from hf_kernel_attn.similarity.report import aggregate, render_leaderboard, tabl
     ("6", 6),
 ])
 def test_listops_hand_examples(expr, answer):
-    assert syn.listops_value(expr.split()) == answer
+    assert seqs.listops_value(expr.split()) == answer
 
 
 def test_listops_example_layout():
-    ids, targets = syn.listops_example("[SM 3 4 5 ]".split(), 8)
-    tok = syn.LISTOPS_ID
+    ids, targets = seqs.listops_example("[SM 3 4 5 ]".split(), 8)
+    tok = seqs.LISTOPS_ID
     assert ids.tolist() == [tok["[SM"], tok["3"], tok["4"], tok["5"], tok["]"], tok["="], 0, 0]
     assert targets.tolist() == [-100] * 5 + [tok["2"]] + [-100] * 2
 
@@ -41,16 +42,16 @@ def test_listops_example_layout():
 @pytest.mark.parametrize("bad", ["[MAX 1 2", "[MAX ]", "1 2", "[FOO 1 2 ]", "]"])
 def test_listops_rejects_malformed(bad):
     with pytest.raises(ValueError):
-        syn.listops_value(bad.split())
+        seqs.listops_value(bad.split())
 
 
 def test_listops_generator_follows_the_rules():
     rng = np.random.default_rng(0)
     for _ in range(200):
-        toks = syn.random_tree(rng, 1, 4, 5)
+        toks = seqs.random_tree(rng, 1, 4, 5)
         depth = max_depth = 0
         for t in toks:
-            depth += t in syn.OPERATORS
+            depth += t in seqs.OPERATORS
             depth -= t == "]"
             max_depth = max(max_depth, depth)
         assert max_depth <= 3  # operators only above max_depth = 4 (root at depth 1)
@@ -59,35 +60,35 @@ def test_listops_generator_follows_the_rules():
         for t in toks:
             if stack and t != "]":
                 stack[-1] += 1
-            if t in syn.OPERATORS:
+            if t in seqs.OPERATORS:
                 stack.append(0)
             elif t == "]":
                 assert 2 <= stack.pop() <= 5
-        ids, targets = syn.random_listops(rng, 16, 64, 4, 5)
+        ids, targets = seqs.random_listops(rng, 16, 64, 4, 5)
         n = int((ids != 0).sum())
-        assert 17 <= n <= 65 and ids[n - 1] == syn.LISTOPS_ID["="] and (targets != -100).sum() == 1
+        assert 17 <= n <= 65 and ids[n - 1] == seqs.LISTOPS_ID["="] and (targets != -100).sum() == 1
 
 
 # ---------------------------------------------------------------------------------------------- MQAR
 
 
 def test_mqar_hand_example():
-    ids, targets = syn.mqar_example(keys=[5, 7, 9], values=[40, 50, 60], queries=[2, 0], positions=[8, 12],
+    ids, targets = seqs.mqar_example(keys=[5, 7, 9], values=[40, 50, 60], queries=[2, 0], positions=[8, 12],
                                     seq_len=16)
     assert ids.tolist() == [5, 40, 7, 50, 9, 60, 0, 0, 9, 60, 0, 0, 5, 40, 0, 0]
     expected = [-100] * 16
     expected[8], expected[12] = 60, 40
     assert targets.tolist() == expected
     with pytest.raises(ValueError):  # a query overlapping the pairs
-        syn.mqar_example([5, 7], [40, 50], [0], [2], 8)
+        seqs.mqar_example([5, 7], [40, 50], [0], [2], 8)
     with pytest.raises(ValueError):  # two queries on the same slot
-        syn.mqar_example([5, 7], [40, 50], [0, 1], [4, 5], 8)
+        seqs.mqar_example([5, 7], [40, 50], [0, 1], [4, 5], 8)
 
 
 def test_random_mqar_answers_are_the_paired_values():
     rng = np.random.default_rng(3)
     for _ in range(50):
-        ids, targets = syn.random_mqar(rng, 64, 8, 64)
+        ids, targets = seqs.random_mqar(rng, 64, 8, 64)
         pairs = {int(ids[2 * i]): int(ids[2 * i + 1]) for i in range(8)}
         assert len(pairs) == 8 and all(1 <= k < 32 for k in pairs) and all(32 <= v < 64 for v in pairs.values())
         pos = np.flatnonzero(targets != -100)
