@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..model_paths import locate_model
-from ..similarity.plots import SMOLLM2_GGUF, SMOLLM2_PACKAGE, plot_kernels
+from ..similarity.plots import SMOLLM2_GGUF, SMOLLM2_PACKAGE, AttentionProbe, plot_kernels
 from ..similarity.synthetic import run_many
 
 
@@ -14,10 +14,10 @@ def plot_kernels_command(args: argparse.Namespace) -> int:
     if args.model and not args.geometry_only:  # before the geometry plots: a wrong model fails at once
         default_gguf = SMOLLM2_GGUF if args.model == SMOLLM2_PACKAGE else None
         locate_model(args.model, args.gguf_file or default_gguf)
-    summary = plot_kernels(args.output_dir, model=args.model, gguf_file=args.gguf_file, layer=args.layer,
-                           head=args.head, converted=args.converted, data_file=args.data_file,
-                           tokens=args.tokens, threads=args.threads, geometry_only=args.geometry_only,
-                           kernels=args.kernels)
+    probe = AttentionProbe(model=args.model, gguf_file=args.gguf_file, layer=args.layer, head=args.head,
+                           data_file=args.data_file, tokens=args.tokens)
+    summary = plot_kernels(args.output_dir, probe, converted=args.converted, threads=args.threads,
+                           geometry_only=args.geometry_only, kernels=args.kernels)
     for line in summary["lines"]:
         print(line)
     return 0

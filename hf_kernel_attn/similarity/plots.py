@@ -13,6 +13,7 @@ Writes to ``output_dir``:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -116,11 +117,26 @@ def _summary(w: torch.Tensor, ref_w: torch.Tensor, logk: torch.Tensor) -> dict[s
     }
 
 
-def plot_real(model_path: str, gguf_file: str | None, layer: int | None, head: int, converted: dict[str, str],
-              data_file: str, tokens: int, output_dir: Path,
-              kernels: tuple[str, ...] = REAL_KERNELS) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class AttentionProbe:
+    """Where ``plot-kernels`` looks at real attention: one head of one layer of a model, on a passage of text."""
 
-    model, tok = _load(model_path, gguf_file)
+    model: str | None = SMOLLM2_PACKAGE  # pkg:PACKAGE[/SUB], folder or hub id; None: the geometry plots only
+    gguf_file: str | None = None  # a GGUF file of ``model`` (SmolLM2's by default for the default model)
+    layer: int | None = None  # None: the middle layer
+    head: int = 0
+    data_file: str = "../shared/data/wikitext-2-raw/wiki.valid.raw"  # its first paragraph of 400+ characters
+    tokens: int = 48  # the passage's first N tokens
+
+
+def plot_real(probe: AttentionProbe, converted: dict[str, str], output_dir: Path,
+              kernels: tuple[str, ...] = REAL_KERNELS) -> dict[str, Any]:
+    """The real-attention plots of ``probe`` (untrained ``kernels`` on softmax's q, k; each ``converted`` model,
+    kernel name -> folder, on its own) in ``output_dir``; returns their numbers (``real_attention.json``)."""
+    if probe.model is None:
+        raise ValueError("plot_real needs a model (AttentionProbe.model)")
+    model_path, layer, head, tokens = probe.model, probe.layer, probe.head, probe.tokens
+    model, tok = _load(model_path, probe.gguf_file)
     num_layers = model.config.num_hidden_layers
     layer = num_layers // 2 if layer is None else layer
     if not 0 <= layer < num_layers:
@@ -131,7 +147,7 @@ def plot_real(model_path: str, gguf_file: str | None, layer: int | None, head: i
     for name in converted:
         if name not in KERNELS:
             raise ValueError(f"--converted {name}=…: unknown kernel {name!r}; available kernels: {sorted(KERNELS)}")
-    text = read_passage(data_file)
+    text = read_passage(probe.data_file)
     ids = tok(text, return_tensors="pt").input_ids[:, :tokens]
     words = tok.convert_ids_to_tokens(ids[0])
     hf_kernel_attn.patch(model, kernel=SOFTMAX)
@@ -254,14 +270,15 @@ def compact_geometry(geo: dict[str, Any], every: int = 4) -> dict[str, Any]:
     return _round(out, 4)
 
 
-def plot_kernels(output_dir: str | os.PathLike, model: str | None = SMOLLM2_PACKAGE, gguf_file: str | None = None,
-                 layer: int | None = None, head: int = 0, converted: list[str] | dict[str, str] | None = None,
-                 data_file: str = "../shared/data/wikitext-2-raw/wiki.valid.raw", tokens: int = 48,
-                 threads: int | None = 1, geometry_only: bool = False,
-                 kernels: list[str] | None = None) -> dict[str, Any]:
-    """Write the geometry plots and (unless ``geometry_only``) the real-attention plots; return a summary
-    with printable ``lines``. ``kernels``: the kernels to draw (default: the built-in families); any
-    registered kernel can be named."""
+def plot_kernels(output_dir: str | os.PathLike, probe: AttentionProbe | None = None, *,
+                 converted: list[str] | dict[str, str] | None = None, threads: int | None = 1,
+                 geometry_only: bool = False, kernels: list[str] | None = None) -> dict[str, Any]:
+    """Write the geometry plots and (unless ``geometry_only`` or ``probe.model`` is None) the real-attention
+    plots of ``probe`` (default: :class:`AttentionProbe`'s defaults); return a summary with printable ``lines``.
+    ``converted``: ``KERNEL=PATH`` items (or a dict) of converted models drawn beside the untrained kernels;
+    ``kernels``: the kernels to draw (default: the built-in families); any registered kernel can be named."""
+    probe = probe or AttentionProbe()
+    tokens = probe.tokens
     if threads:
         torch.set_num_threads(threads)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
@@ -284,9 +301,8 @@ def plot_kernels(output_dir: str | os.PathLike, model: str | None = SMOLLM2_PACK
     files = ["geometry.png", "geometry.json"]
     summary: dict[str, Any] = {"geometry": {n: {k: v for k, v in d.items() if k != "log_kappa"}
                                             for n, d in geo["kernels"].items()}}
-    if not geometry_only and model:
-        real = plot_real(model, gguf_file, layer, head, conv, data_file, tokens, out,
-                         REAL_KERNELS if kernels is None else tuple(kernels))
+    if not geometry_only and probe.model:
+        real = plot_real(probe, conv, out, REAL_KERNELS if kernels is None else tuple(kernels))
         (out / "real_attention.json").write_text(json.dumps(_round(real, 4)))
         files += ["attention_maps.png", "kernel_values.png", "real_attention.json"]
         lines.append(f"real attention: {real['model']} layer {real['layer']} head {real['head']}, "
