@@ -13,7 +13,7 @@ import pytest
 
 from hf_kernel_attn import events
 from hf_kernel_attn.training import ConfigError, finetune, load_config
-from hf_kernel_attn.training.model_setup import check_against_model
+from hf_kernel_attn.training.config_against_model import check_against_model
 from tests.conftest import tiny_llama_model
 from tests.training.helpers import lm_config, read_log, write_config
 
