@@ -1,10 +1,10 @@
 """Architecture coverage: tiny random models of many transformers architectures, each patched with a few kernels.
 
 For every :class:`Architecture` in :data:`ARCHITECTURES` the harness builds a tiny random config with
-``AutoConfig.for_model(model_type, **overrides)`` (hidden 32, 2 layers, 4 heads, 2 KV heads where the config
-has them, vocab 128, 128 positions), builds the model with ``attn_implementation="sdpa"`` (``"eager"`` where the
-architecture refuses SDPA) under a fixed seed, runs it once as the reference, and then, for each kernel, patches
-a deep copy with :func:`hf_kernel_attn.patch` and runs the same unpadded inputs. A cell is
+``AutoConfig.for_model(model_type, **overrides)`` (:mod:`.tiny_configs`: hidden 32, 2 layers, 4 heads, 2 KV heads
+where the config has them, vocab 128, 128 positions), builds the model with ``attn_implementation="sdpa"``
+(``"eager"`` where the architecture refuses SDPA) under a fixed seed, runs it once as the reference, and then, for
+each kernel, patches a deep copy with :func:`hf_kernel_attn.patch` and runs the same unpadded inputs. A cell is
 
 * ``ok`` — the forward ran, the output is finite, every attached kernel was called, and (softmax only) the
   output equals the reference within :data:`SOFTMAX_ATOL`;
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import time
 import traceback
 from collections.abc import Iterable
@@ -36,59 +35,12 @@ from hf_kernel_attn.integration.patching import attention_modules
 from hf_kernel_attn.kernels import Kernel
 
 from ..kernels import is_softmax
+from .tiny_configs import VOCAB, tiny_config
 
 KERNELS = ("softmax", "gaussian", "cosine", "elu", "hedgehog")
 SOFTMAX_ATOL = 1e-5
 BATCH, SEQ = 2, 12
-VOCAB = 128
 SEED = 0
-
-# canonical tiny sizes; each key is applied under whichever name the config class knows (attribute_map aliases
-# included), and skipped when the config has no such field
-TINY: dict[str, Any] = {
-    "vocab_size": VOCAB,
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "num_decoder_layers": 2,
-    "encoder_layers": 2,
-    "decoder_layers": 2,
-    "num_attention_heads": 4,
-    "encoder_attention_heads": 4,
-    "decoder_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "intermediate_size": 64,
-    "n_inner": 64,
-    "d_ff": 64,
-    "ffn_dim": 64,
-    "encoder_ffn_dim": 64,
-    "decoder_ffn_dim": 64,
-    "max_position_embeddings": 128,
-    "pad_token_id": 0,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "decoder_start_token_id": 0,
-    "sep_token_id": 2,
-    "cls_token_id": 1,
-    # mixture-of-experts configs
-    "num_experts": 4,
-    "num_local_experts": 4,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
-    "shared_expert_intermediate_size": 32,
-    # vision configs
-    "image_size": 32,
-    "patch_size": 8,
-    "num_channels": 3,
-}
-
-# local-attention windows, shrunk below the input length (so windowed layers differ from full attention) where the
-# config has one by default; a config whose default is None (full attention) keeps None
-WINDOWS: dict[str, int] = {
-    "sliding_window": 4,
-    "local_attention": 8,  # ModernBERT's total window (its config.sliding_window is half of it)
-    "window_size": 4,  # GPT-Neo's local layers
-}
 
 DECODER, ENCODER, SEQ2SEQ, VISION = "decoder", "encoder", "seq2seq", "vision"
 _AUTO = {DECODER: "AutoModelForCausalLM", ENCODER: "AutoModel", SEQ2SEQ: "AutoModelForSeq2SeqLM", VISION: "AutoModel"}
@@ -203,41 +155,6 @@ ARCHITECTURES: list[Architecture] = [
     _arch("clip_vision_model", VISION),
     _arch("siglip_vision_model", VISION),
 ]
-
-
-def _config_fields(cls: type) -> dict[str, Any]:
-    """The config class's fields and their defaults."""
-    if dataclasses.is_dataclass(cls):
-        return {f.name: f.default for f in dataclasses.fields(cls)}
-    params = inspect.signature(cls.__init__).parameters
-    return {n: p.default for n, p in params.items() if n not in ("self", "kwargs")}
-
-
-def tiny_overrides(model_type: str) -> dict[str, Any]:
-    """The TINY sizes under the names ``model_type``'s config class uses (only the fields it has)."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    cls = CONFIG_MAPPING[model_type]
-    fields = _config_fields(cls)
-    amap = getattr(cls, "attribute_map", {}) or {}
-    out: dict[str, Any] = {}
-    for key, value in TINY.items():
-        name = amap.get(key, key)
-        if name in fields:
-            out.setdefault(name, value)
-    for name, value in WINDOWS.items():
-        if isinstance(fields.get(name), int):
-            out[name] = value
-    return out
-
-
-def tiny_config(model_type: str, **overrides: Any) -> Any:
-    """A tiny random config of ``model_type`` built with ``AutoConfig.for_model``."""
-    from transformers import AutoConfig
-
-    kwargs = tiny_overrides(model_type)
-    kwargs.update(overrides)
-    return AutoConfig.for_model(model_type, **kwargs)
 
 
 def _where(exc: BaseException) -> str:
