@@ -230,7 +230,7 @@ class Kernel(nn.Module):
 
     def flops(self, n: int, *, batch: int, causal: bool, backward: bool) -> float | None:
         """Matmul FLOPs of one self-attention call on ``batch`` sequences of ``n`` tokens, for kernels whose cost
-        the generic estimate of ``hf_kernel_attn.speed.kernel_bench.estimate_flops`` (by ``kind``) misses;
+        the generic estimate of ``hf_kernel_attn.speed.flops.estimate_flops`` (by ``kind``) misses;
         None = use that estimate."""
         return None
 

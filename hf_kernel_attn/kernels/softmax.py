@@ -112,35 +112,52 @@ def gather_keys(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return x.gather(2, idx[:, None, :, None].expand(b, h, idx.shape[1], d))
 
 
+@dataclasses.dataclass(frozen=True)
+class WindowBand:
+    """The band of a sliding-window softmax call: window W, softmax scale s, ``causal``; the queries sit at
+    positions q_start, q_start + 1, … and the keys at k_start, k_start + 1, …; ``dropout`` p on the weights."""
+
+    window: int
+    scale: float
+    causal: bool = True
+    q_start: int = 0
+    k_start: int = 0
+    dropout: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SinkKeys:
+    """The attention sinks a band attends besides its window: ``keys`` ``[B, Hkv, S, D]``, ``values``
+    ``[B, Hkv, S, Dv]`` at positions ``pos`` ``[B, S]``, ``valid`` ``[B, S]`` (slot filled)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    pos: torch.Tensor
+    valid: torch.Tensor
+
+
 def banded_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    band: WindowBand,
     *,
-    window: int,
-    scale: float,
-    causal: bool,
-    q_start: int,
-    k_start: int,
     key_real: torch.Tensor | None = None,
-    sink_k: torch.Tensor | None = None,
-    sink_v: torch.Tensor | None = None,
-    sink_pos: torch.Tensor | None = None,
-    sink_valid: torch.Tensor | None = None,
-    dropout: float = 0.0,
+    sinks: SinkKeys | None = None,
 ) -> torch.Tensor:
     """Sliding-window softmax (module docstring) for queries ``q`` ``[B, Hq, N, D]`` at positions
-    q_start … q_start + N - 1 and keys ``k``/``v`` ``[B, Hkv, M, ·]`` at positions k_start … k_start + M - 1
-    (``key_real`` ``[B, M]``, None = all real), which must hold every key inside any query's window. Sinks
-    (``[B, Hkv, S, ·]`` at positions ``sink_pos`` ``[B, S]``, ``sink_valid`` ``[B, S]``) are attended by the
-    queries whose window they are outside of (inside it they are among ``k``): each key counts once.
-    Returns ``[B, N, Hq, Dv]``. Rows with no visible key are opened to their whole band (finite, unused)."""
+    band.q_start … band.q_start + N - 1 and keys ``k``/``v`` ``[B, Hkv, M, ·]`` at positions band.k_start …
+    band.k_start + M - 1 (``key_real`` ``[B, M]``, None = all real), which must hold every key inside any query's
+    window. ``sinks`` are attended by the queries whose window they are outside of (inside it they are among ``k``):
+    each key counts once. Returns ``[B, N, Hq, Dv]``. Rows with no visible key are opened to their whole band
+    (finite, unused)."""
     b, hq, n, _ = q.shape
     m, dv = k.shape[-2], v.shape[-1]
+    window, causal, q_start, k_start = band.window, band.causal, band.q_start, band.k_start
     gqa = hq != k.shape[1]
     out = q.new_empty(b, n, hq, dv)
     c = query_chunk(window, n)
-    has_sinks = sink_k is not None and sink_k.shape[-2] > 0
+    has_sinks = sinks is not None and sinks.keys.shape[-2] > 0
     for a in range(0, n, c):
         e = min(n, a + c)
         first, last = q_start + a, q_start + e - 1  # positions of the chunk's queries
@@ -153,14 +170,14 @@ def banded_attention(
             mask = mask & key_real[:, None, None, lo:hi]
         keys, values = k[:, :, lo:hi], v[:, :, lo:hi]
         if has_sinks:
-            ds = qpos[None, :, None] - sink_pos[:, None, :]  # [B, C, S]
+            ds = qpos[None, :, None] - sinks.pos[:, None, :]  # [B, C, S]
             outside = ds >= window if causal else ds.abs() >= window
-            sink_mask = (outside & sink_valid[:, None, :])[:, None]
+            sink_mask = (outside & sinks.valid[:, None, :])[:, None]
             mask = torch.cat([sink_mask, mask.expand(b, 1, e - a, hi - lo)], -1)
-            keys, values = torch.cat([sink_k, keys], -2), torch.cat([sink_v, values], -2)
+            keys, values = torch.cat([sinks.keys, keys], -2), torch.cat([sinks.values, values], -2)
         mask = mask | ~mask.any(-1, keepdim=True)
-        o = F.scaled_dot_product_attention(q[:, :, a:e], keys, values, attn_mask=mask, scale=scale,
-                                           dropout_p=dropout, enable_gqa=gqa)
+        o = F.scaled_dot_product_attention(q[:, :, a:e], keys, values, attn_mask=mask, scale=band.scale,
+                                           dropout_p=band.dropout, enable_gqa=gqa)
         out[:, a:e] = o.transpose(1, 2)
     return out
 
@@ -170,23 +187,22 @@ def window_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    window: int,
-    sinks: int,
+    options: SoftmaxOptions,
     key_mask: torch.Tensor | None,
     causal: bool,
     scale: float,
     dropout: float = 0.0,
 ) -> torch.Tensor:
-    """Sliding-window softmax with ``sinks`` attention sinks over every key (positions 0 … M - 1, queries at
-    the last N of them); returns ``[B, N, Hq, Dv]``."""
+    """Sliding-window softmax (window W = ``options.window``) with ``options.sinks`` attention sinks over every key
+    (positions 0 … M - 1, queries at the last N of them); returns ``[B, N, Hq, Dv]``."""
     n, m = q.shape[-2], k.shape[-2]
-    sink_args = {}
-    if sinks:
+    sinks = None
+    if options.sinks:
         real = torch.ones(q.shape[0], m, dtype=torch.bool, device=q.device) if key_mask is None else key_mask.bool()
-        idx, pos, found = sink_slots(real, sink_slot_count(sinks, m))
-        sink_args = dict(sink_k=gather_keys(k, idx), sink_v=gather_keys(v, idx), sink_pos=pos, sink_valid=found)
-    return banded_attention(q, k, v, window=window, scale=scale, causal=causal, q_start=m - n, k_start=0,
-                            key_real=None if key_mask is None else key_mask.bool(), dropout=dropout, **sink_args)
+        idx, pos, found = sink_slots(real, sink_slot_count(options.sinks, m))
+        sinks = SinkKeys(gather_keys(k, idx), gather_keys(v, idx), pos, found)
+    band = WindowBand(options.window, scale, causal, q_start=m - n, k_start=0, dropout=dropout)
+    return banded_attention(q, k, v, band, key_real=None if key_mask is None else key_mask.bool(), sinks=sinks)
 
 
 def _count(name: str, value: object, meaning: str) -> None:
@@ -238,5 +254,5 @@ class SoftmaxKernel(Kernel):
                                    bias=bias)
         if bias is not None:
             raise ValueError("softmax with a window takes no additive position bias; use window=0")
-        return window_attention(q, k, v, window=self.window, sinks=self.sinks, key_mask=key_mask, causal=causal,
-                                scale=scale, dropout=dropout)
+        return window_attention(q, k, v, options=self.options, key_mask=key_mask, causal=causal, scale=scale,
+                                dropout=dropout)

@@ -30,10 +30,27 @@ import torch
 
 from ..kernels import Kernel, LayerShape, kernel_class
 from ..kernels.base import make_options
+from ..kernels.linear.state import PastKeys
 
 SHAPES = ((4, 2, 16), (3, 3, 7))  # (query heads, KV heads, head dim): GQA, and MHA with an odd head dim
 CHUNK = 8  # feature-map kernels run with chunk_size = 8, so lengths 7, 8, 9, 17 cross chunk boundaries
 WINDOW = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedLayer:
+    """One layer shape under check: the kernel's ``name`` (for messages), ``hq`` query heads, ``hkv`` KV heads,
+    head dim ``d``; the inputs' ``seed``; the tolerance ``atol + rtol·|ref|``; ``where``: the shape as form names
+    show it."""
+
+    name: str
+    hq: int
+    hkv: int
+    d: int
+    seed: int
+    atol: float
+    rtol: float
+    where: str
 
 
 def _fail(kernel: str, form: str, detail: str) -> None:
@@ -166,8 +183,9 @@ def check_kernel(kernel: str | type[Kernel], params: dict[str, Any] | None = Non
             kern = _build(cls, shape, variant).eval()
             kern64 = copy.deepcopy(kern).double()
             where = f"{tag}Hq={hq} Hkv={hkv} D={d}"
+            layer_check = CheckedLayer(name, hq, hkv, d, seed, atol, rtol, where)
             for causal in modes:
-                mode = "causal" if causal else "bidirectional"
+                mode = _mode(causal)
                 for n in (7, 8, 9, 17):
                     for padded in (False, True):
                         form = f"{mode} {where} N={n}{' key padding' if padded else ''}"
@@ -178,17 +196,23 @@ def check_kernel(kernel: str | type[Kernel], params: dict[str, Any] | None = Non
                         with torch.no_grad():  # the no-grad fast paths
                             got = kern64(q, k, v, key_mask=mask, causal=causal)
                         errors[form] = _compare(name, form, got, want, rows, atol, rtol)
-                _check_gradients(name, kern64, hq, hkv, d, causal, seed, atol, rtol, errors, f"{mode} {where}")
-                _check_low_precision(name, kern, hq, hkv, d, causal, seed, errors, f"{mode} {where}")
+                _check_gradients(layer_check, kern64, causal, errors)
+                _check_low_precision(layer_check, kern, causal, errors)
             if True in modes:
-                _check_decoding(name, kern64, hq, hkv, d, seed, atol, rtol, errors, where)
+                _check_decoding(layer_check, kern64, errors)
     return errors
 
 
-def _check_gradients(name, kern64, hq, hkv, d, causal, seed, atol, rtol, errors, where):
+def _mode(causal: bool) -> str:
+    return "causal" if causal else "bidirectional"
+
+
+def _check_gradients(layer: CheckedLayer, kern64: Kernel, causal: bool, errors: dict[str, float]) -> None:
     """The backward (autograd through the kernel's training path, with its hand-written backwards) against
     central finite differences of the forward in float64, along random directions of q, k, v and every trainable
     parameter; and against autograd through the brute force."""
+    name, hq, hkv, d, seed = layer.name, layer.hq, layer.hkv, layer.d, layer.seed
+    atol, rtol, where = layer.atol, layer.rtol, f"{_mode(causal)} {layer.where}"
     n = 17
     q, k, v = _inputs(2, hq, hkv, n, n, d, seed + 100)
     mask = _padding(2, n, causal)
@@ -232,9 +256,10 @@ def _check_gradients(name, kern64, hq, hkv, d, causal, seed, atol, rtol, errors,
                       f"backward, {numeric:.8g} from central differences")
 
 
-def _check_decoding(name, kern64, hq, hkv, d, seed, atol, rtol, errors, where):
+def _check_decoding(layer: CheckedLayer, kern64: Kernel, errors: dict[str, float]) -> None:
     """Prefill 9 tokens, then 3 at once, then one at a time to 17: each piece's outputs = the full forward's rows
     (left padding in row 0 spans the first piece)."""
+    name, hq, hkv, d, seed, where = layer.name, layer.hq, layer.hkv, layer.d, layer.seed, layer.where
     n = 17
     q, k, v = _inputs(2, hq, hkv, n, n, d, seed + 200)
     mask = _padding(2, n, True)
@@ -251,17 +276,19 @@ def _check_decoding(name, kern64, hq, hkv, d, seed, atol, rtol, errors, where):
                 first = start - held
                 out, state = kern64.forward_with_state(
                     q[:, :, start:end], k[:, :, first:end], v[:, :, first:end], key_mask=mask[:, first:end],
-                    causal=True, state=state, offset=first)
+                    causal=True, past=PastKeys(state, first))
                 held = min(end, window - 1) if window else 0
             else:  # no recurrent state: the new queries against every key so far (N < M)
                 out = kern64(q[:, :, start:end], k[:, :, :end], v[:, :, :end], key_mask=mask[:, :end], causal=True)
             outs.append(out)
     form = f"decoding {where} (pieces 9 + 3 + 1 × 5{', from the state' if stateful else ''})"
-    errors[form] = _compare(name, form, torch.cat(outs, 1), want, rows, atol, rtol)
+    errors[form] = _compare(name, form, torch.cat(outs, 1), want, rows, layer.atol, layer.rtol)
 
 
-def _check_low_precision(name, kern, hq, hkv, d, causal, seed, errors, where):
+def _check_low_precision(layer: CheckedLayer, kern: Kernel, causal: bool, errors: dict[str, float]) -> None:
     """bf16 and fp16 q/k/v under autocast: finite, in the input dtype, near the fp32 result."""
+    name, hq, hkv, d, seed = layer.name, layer.hq, layer.hkv, layer.d, layer.seed
+    where = f"{_mode(causal)} {layer.where}"
     n = 17
     q, k, v = _inputs(2, hq, hkv, n, n, d, seed + 300, torch.float32)
     mask = _padding(2, n, causal)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from hf_kernel_attn.kernels import KERNELS
+from hf_kernel_attn.kernels.linear import PastKeys
 from tests.kernels.helpers import make_kernel
 
 HEADS, KV_HEADS, HEAD_DIM = 2, 1, 8  # GQA 2/1; small heads keep 32k cheap
@@ -119,7 +120,7 @@ def measure_decode(name: str, dtype: str, context: int = LONG, steps: int = 4, s
             for t in range(context, context + steps):
                 sl = slice(t, t + 1)
                 o, state = kern.forward_with_state(qc[:, :, sl], kc[:, :, sl], vc[:, :, sl], causal=True,
-                                                   state=state, offset=t)
+                                                   past=PastKeys(state, t))
                 steps_out.append(o)
         outs.append(torch.cat(steps_out, 1))
     finite = bool(torch.isfinite(outs[0]).all() and torch.isfinite(outs[1]).all())

@@ -71,8 +71,8 @@ class _ForgetsState(hf_kernel_attn.FeatureMapKernel):
     def feature_map(self, x):
         return torch.relu(x) + 0.1
 
-    def forward_with_state(self, q, k, v, *, state=None, **kw):
-        return super().forward_with_state(q, k, v, state=None, **kw)
+    def forward_with_state(self, q, k, v, *, past=None, **kw):
+        return super().forward_with_state(q, k, v, past=None, **kw)
 
 
 class _HalfGradient(torch.autograd.Function):

@@ -11,6 +11,7 @@ import torch
 
 import hf_kernel_attn
 from hf_kernel_attn.kernels import KERNELS, LayerShape, build_kernel
+from hf_kernel_attn.kernels.linear import PastKeys
 from tests.compat import cache_arg
 from tests.kernels.delta_rule_reference import brute_force
 
@@ -100,7 +101,7 @@ def test_feature_maps_and_fixed_beta(name, feature_map):
             _, state = kern.forward_with_state(q[:, :, :10], k[:, :, :10], v[:, :, :10], causal=True,
                                                scaling=SCALING)
             last, state = kern.forward_with_state(q[:, :, 10:], k[:, :, 10:], v[:, :, 10:], causal=True,
-                                                  scaling=SCALING, state=state, offset=10)
+                                                  scaling=SCALING, past=PastKeys(state, 10))
         assert state.S.shape == (2, 2, 2 * D, DV)
         close(last, brute_force(kern, q, k, v, None, SCALING)[:, 10:])
     fixed = make(name, 4, 2, {"beta": 0.7, "chunk_size": 4})
@@ -239,7 +240,7 @@ def test_decoding_token_by_token_equals_full_forward(name, params):
             first = start - held
             out, state = kern.forward_with_state(q[:, :, start:end], k[:, :, first:end], v[:, :, first:end],
                                                  key_mask=mask[:, first:end], causal=True, scaling=SCALING,
-                                                 state=state, offset=first)
+                                                 past=PastKeys(state, first))
             held = min(end, window - 1) if window else 0
             outs.append(out)
             assert state.S.shape == (2, 2, D, DV)
@@ -354,7 +355,7 @@ def test_softmax_heads(name):
         for t in range(8, n):
             out, state = kern.forward_with_state(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1],
                                                  key_mask=mask[:, t:t + 1], causal=True, scaling=SCALING,
-                                                 state=state, offset=t)
+                                                 past=PastKeys(state, t))
             outs.append(out)
     close(torch.cat(outs, 1), full[:, 8:])
     want = brute_force(kern, q, k, v, mask, SCALING)

@@ -9,6 +9,7 @@ import torch
 
 from hf_kernel_attn.kernels import KERNELS, LayerShape, build_kernel
 from hf_kernel_attn.kernels.feature_maps.elu import EluKernel, positive_elu
+from hf_kernel_attn.kernels.linear import PastKeys
 from tests.kernels import reference as ref
 from tests.kernels.helpers import (  # noqa: F401
     DV,
@@ -165,7 +166,7 @@ def test_linear_prefill_then_decode(name):
     for step in (6, 1, 1, 4):
         sl = slice(pos, pos + step)
         out, state = kern.forward_with_state(q[:, :, sl], k[:, :, sl], v[:, :, sl], causal=True,
-                                             scaling=SCALING, state=state, offset=pos)
+                                             scaling=SCALING, past=PastKeys(state, pos))
         outs.append(out)
         pos += step
     assert pos == 23
@@ -456,7 +457,7 @@ def test_cosformer_rejects_positions_beyond_horizon(causal):
     _, state = kern.forward_with_state(q[:, :, :32], k[:, :, :32], v[:, :, :32], causal=True, scaling=SCALING)
     with pytest.raises(ValueError, match="horizon"):
         kern.forward_with_state(q[:, :, 32:], k[:, :, 32:], v[:, :, 32:], causal=True, scaling=SCALING,
-                                state=state, offset=32)
+                                past=PastKeys(state, 32))
 
 
 @pytest.mark.parametrize("quadratic_below", [0, 10**6], ids=["scan", "quadratic"])
@@ -477,7 +478,7 @@ def test_taylor_quadratic_and_scan_paths(quadratic_below, heads):
         for pos in range(150, 154):
             sl = slice(pos, pos + 1)
             step, state = kern.forward_with_state(q[:, :, sl], k[:, :, sl], v[:, :, sl], key_mask=mask[:, sl],
-                                                  causal=True, scaling=SCALING, state=state, offset=pos)
+                                                  causal=True, scaling=SCALING, past=PastKeys(state, pos))
             steps.append(step)
     expected = ref.reference(kern, q, k, v, key_mask=mask, causal=True, scaling=SCALING)
     rows = ref.real_queries(2, 154, 154, True, mask)

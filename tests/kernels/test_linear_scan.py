@@ -56,7 +56,7 @@ def test_scan_matches_brute_force(n, chunk, groups):
     gq, gk = groups
     q, k, v, s0 = scan_inputs(n, gq, gk)
     state = s0.clone()
-    out = linear.scan(q, k, v, state, gq=gq, gk=gk, chunk_size=chunk)
+    out = linear.scan(q, k, v, state, linear.ScanLayout(gq, gk, chunk))
     exp_out, exp_state = brute_scan(q, k, v, s0, gq, gk)
     torch.testing.assert_close(out, exp_out, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(state, exp_state, atol=1e-10, rtol=1e-10)
@@ -74,7 +74,7 @@ def test_reverse_scan_is_the_flipped_scan(n, chunk, groups):
     gq, gk = groups
     q, k, v, s0 = scan_inputs(n, gq, gk, seed=7)
     state = s0.clone()
-    out = linear.scan(q, k, v, state, gq=gq, gk=gk, chunk_size=chunk, reverse=True)
+    out = linear.scan(q, k, v, state, linear.ScanLayout(gq, gk, chunk, reverse=True))
     exp_out, exp_state = brute_scan(flip_positions(q, gq), flip_positions(k, gk), flip_positions(v, gk), s0, gq, gk)
     torch.testing.assert_close(out, flip_positions(exp_out, gq), atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(state, exp_state, atol=1e-10, rtol=1e-10)
@@ -216,7 +216,7 @@ def test_performer_feature_backward_gradcheck(is_query):
     if not is_query:
         omega[0] = 12 * omega[0] / omega[0].norm()  # max over x of ω₀ᵀx - s||x||²/2 is 144 at x = 24 ω̂₀
         x[0, 0] = 24 * omega[0] / omega[0].norm()
-        _, uncapped = performer._positive_random_features(x, omega, 0.5, False, 7, 1e-3)
+        _, uncapped = performer.positive_random_features(x, omega, 0.5, False, 7, 1e-3)
         assert not uncapped[0, 0, 0] and uncapped.sum() > 0
     x.requires_grad_(True)
 

@@ -28,7 +28,7 @@ if set_hypothesis_home_dir is not None and not os.environ.get("HYPOTHESIS_STORAG
 
 
 from hf_kernel_attn.kernels import KERNELS  # noqa: E402
-from hf_kernel_attn.kernels.linear import cost  # noqa: E402
+from hf_kernel_attn.kernels.linear import PastKeys, cost  # noqa: E402
 from tests.compat import cache_arg  # noqa: E402
 from tests.kernels import reference as ref  # noqa: E402
 from tests.kernels.helpers import make_kernel  # noqa: E402
@@ -226,7 +226,7 @@ def test_decoding_from_state_equals_recomputation(name: str, data: st.DataObject
             sl = slice(start, end)
             piece_mask = None if c.mask is None else c.mask[:, sl]
             out, state = kern.forward_with_state(q[:, :, sl], k[:, :, sl], v[:, :, sl], key_mask=piece_mask,
-                                                 causal=True, scaling=c.scaling, state=state, offset=start)
+                                                 causal=True, scaling=c.scaling, past=PastKeys(state, start))
             outs.append(out)
     out = torch.cat(outs, 1)
     assert torch.isfinite(out).all()

@@ -12,6 +12,7 @@ import torch
 import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache
 from hf_kernel_attn.kernels import LayerShape, build_kernel
+from hf_kernel_attn.kernels.linear import PastKeys
 from tests.compat import cache_arg
 from tests.kernels import reference as ref
 from tests.kernels.window_helpers import assert_gradients_match, compare, inputs, make, padding
@@ -58,7 +59,7 @@ def test_softmax_heads_decoding_in_pieces_equals_one_pass(window_size):
     for piece in (7, 1, 1, 9, 1, 14):
         out, state = kern.forward_with_state(q[:, :, pos:pos + piece], k[:, :, start:pos + piece],
                                              v[:, :, start:pos + piece], key_mask=mask[:, start:pos + piece],
-                                             causal=True, state=state, offset=start)
+                                             causal=True, past=PastKeys(state, start))
         outs.append(out)
         pos += piece
         start = max(0, pos - (window_size - 1)) if window_size else pos

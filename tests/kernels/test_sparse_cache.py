@@ -9,6 +9,7 @@ import torch
 import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache, cache_bytes, new_cache
 from hf_kernel_attn.kernels import LayerShape, build_kernel
+from hf_kernel_attn.kernels.linear import PastKeys
 from tests.kernels.sparse_cache_reference import (
     SCALING,
     D,
@@ -54,7 +55,7 @@ def _stream(kern, q, k, v, mask, pieces):
             kk, vv = torch.cat([wk, kk], 2), torch.cat([wv, vv], 2)
         off = pos + length - kk.shape[2]
         out, state = kern.forward_with_state(q[:, :, pos:pos + length], kk, vv, key_mask=mask[:, off:pos + length],
-                                             causal=True, scaling=SCALING, state=state, offset=off)
+                                             causal=True, scaling=SCALING, past=PastKeys(state, off))
         keep = min(kk.shape[2], window - 1)
         wk, wv = kk[:, :, kk.shape[2] - keep:], vv[:, :, kk.shape[2] - keep:]
         outs.append(out)

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache, RecurrentStateLayer
 from hf_kernel_attn.kernels import KERNELS, LayerShape, build_kernel
-from hf_kernel_attn.kernels.linear import cost
+from hf_kernel_attn.kernels.linear import PastKeys, cost
 from tests.compat import cache_arg
 from tests.kernels import reference as ref
 from tests.kernels.window_helpers import DV, SCALING, D, assert_gradients_match, compare, inputs, make, padding  # noqa: F401
@@ -101,8 +101,8 @@ def test_decoding_state_and_window_equal_recomputation(name, window_size):
     for piece in (10, 1, 1, 7, 1, 1, 1, 15):
         ks = torch.cat([keys, k[:, :, pos:pos + piece]], 2)
         vs = torch.cat([values, v[:, :, pos:pos + piece]], 2)
-        out, state = kern.forward_with_state(q[:, :, pos:pos + piece], ks, vs, causal=True, state=state,
-                                             offset=pos - keys.shape[2])
+        out, state = kern.forward_with_state(q[:, :, pos:pos + piece], ks, vs, causal=True,
+                                             past=PastKeys(state, pos - keys.shape[2]))
         keep = min(ks.shape[2], window_size - 1)
         keys, values = ks[:, :, ks.shape[2] - keep:], vs[:, :, vs.shape[2] - keep:]
         outs.append(out)

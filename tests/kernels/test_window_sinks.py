@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_kernel_attn.kernels.linear import cost
+from hf_kernel_attn.kernels.linear import PastKeys, cost
 from tests.kernels.window_helpers import assert_gradients_match, compare, inputs, make, padding
 
 
@@ -55,7 +55,7 @@ def test_sinks_decoding_in_pieces_equals_one_pass(name):
     for piece in (6, 5, 1, 7, 1, 1, 1, 19):
         ks, vs = k[:, :, start:pos + piece], v[:, :, start:pos + piece]
         out, state = kern.forward_with_state(q[:, :, pos:pos + piece], ks, vs, key_mask=mask[:, start:pos + piece],
-                                             causal=True, state=state, offset=start)
+                                             causal=True, past=PastKeys(state, start))
         outs.append(out)
         pos += piece
         start = max(0, pos - (window_size - 1))

@@ -19,14 +19,16 @@ from torch import nn
 from .. import linear
 from ..base import Kernel, LayerShape, group_queries
 from ..linear.gated import cumulative, per_feature
-from ..linear.state import LinearState
+from ..linear.state import LinearState, PastKeys
 from ..registry import sparse_cache_kernels
 from .decoding import PackedDecoding
 from .forms import FeatureMapForms
 from .hybrid import WindowHybrid
 from .options import MAX_SEED, AttentionCall, LinearOptions, dense, layer_generator
 
-__all__ = ["MAX_SEED", "AttentionCall", "LinearKernel", "LinearOptions", "dense", "layer_generator"]
+__all__ = ["MAX_SEED", "AttentionCall", "LinearKernel", "LinearOptions", "PastKeys", "dense", "layer_generator"]
+
+NO_PAST = PastKeys()  # a call that starts the sequence: no state, first key at position 0
 
 
 class LinearKernel(FeatureMapForms, WindowHybrid, PackedDecoding, Kernel):
@@ -155,17 +157,17 @@ class LinearKernel(FeatureMapForms, WindowHybrid, PackedDecoding, Kernel):
         fk = self.feature_k(dense(k[:, :, :key_rows]), kpos[:key_rows], scaling)
         return fq, torch.cat([fk, fk.new_zeros(*fk.shape[:2], m - key_rows, fk.shape[-1])], 2)
 
-    def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0, state=None, offset=0):
-        out, _ = self.forward_with_state(q, k, v, key_mask=key_mask, causal=causal, scaling=scaling,
-                                         state=state, offset=offset, need_state=False)
+    def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0, past: PastKeys | None = None):
+        out, _ = self.forward_with_state(q, k, v, key_mask=key_mask, causal=causal, scaling=scaling, past=past,
+                                         need_state=False)
         return out
 
     def forward_with_state(
-        self, q, k, v, *, key_mask=None, causal=True, scaling=None, state=None, offset=0, need_state=True
+        self, q, k, v, *, key_mask=None, causal=True, scaling=None, past: PastKeys | None = None, need_state=True
     ) -> tuple[torch.Tensor, linear.LinearState | None]:
-        """Like ``forward``; with ``causal`` also returns the state after the last key (``state`` = the
-        keys before these, ``offset`` = how many there were). ``need_state=False`` allows returning None
-        instead, when a cheaper evaluation order has no state.
+        """Like ``forward``; with ``causal`` also returns the state after the last key (``past``: the state of the
+        keys before these and the position of the first of them, ``past.offset``; None: no keys before).
+        ``need_state=False`` allows returning None instead, when a cheaper evaluation order has no state.
 
         With ``softmax_heads`` those query heads run exact softmax over every key, softmax_j(s q_i·k_j), in the
         same layer (the rest keep the feature map; retrieval-aware head selection: Wu et al. 2024, "Retrieval
@@ -176,7 +178,8 @@ class LinearKernel(FeatureMapForms, WindowHybrid, PackedDecoding, Kernel):
         self.check_inputs(q, k, v, causal)
         scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
         heads = self.options.softmax_heads
-        call = AttentionCall(key_mask, causal, scaling, state, offset, need_state)
+        past = NO_PAST if past is None else past
+        call = AttentionCall(key_mask, causal, scaling, past.state, past.offset, need_state)
         out, new_state = self.feature_map_forward(q, k, v, call)
         if not heads or self.options.sparse_cache:  # with a sparse cache the heads are bounded (_windowed_sparse)
             return out, new_state

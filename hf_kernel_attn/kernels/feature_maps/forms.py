@@ -75,8 +75,8 @@ class FeatureMapForms:
         fixed = getattr(self.options, "quadratic_below", None)
         if fixed is not None:
             return n <= fixed
-        return cost.quadratic_is_cheaper(n, m, d=d, dv=dv, g=g, f=self.num_features(),
-                                         chunk_size=self.options.chunk_size, need_state=need_state, causal=causal)
+        sizes = cost.FormSizes(n, m, d=d, dv=dv, g=g, f=self.num_features(), chunk_size=self.options.chunk_size)
+        return cost.quadratic_is_cheaper(sizes, need_state=need_state, causal=causal)
 
     def _key_features(self, k, pos, scaling, key_mask):
         """φ(k) of a slice of keys (fp32), zero for padded keys (``key_mask`` the same slice, or None)."""
@@ -185,6 +185,7 @@ class FeatureMapForms:
         s_aug = None if state is None else state.augmented()
         out = q.new_empty(b, n, hq, dv)
         block = self.block_length(b * hq)
+        layout = linear.ScanLayout(hq // hkv, 1, self.options.chunk_size)
         for start in range(0, n, block):
             end = min(start + block, n)
             length = end - start
@@ -200,8 +201,7 @@ class FeatureMapForms:
                 closed.q = linear.query_rows(group_queries(closed.q, hkv))
                 closed.k = closed.k.reshape(b * hkv, length, -1)
                 closed.key_weight = None if mask is None else _key_weight(mask, hkv, closed.k.dtype)
-            o = linear.scan(linear.query_rows(fq), fk, v3, s_aug, gq=hq // hkv, gk=1,
-                            chunk_size=self.options.chunk_size, closed_form=closed)
+            o = linear.scan(linear.query_rows(fq), fk, v3, s_aug, layout, closed_form=closed)
             self._write_normalized(out, start, o)
         if s_aug is None:  # n == 0
             return out, state

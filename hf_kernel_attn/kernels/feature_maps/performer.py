@@ -105,7 +105,7 @@ class PerformerKernel(LinearKernel):
             return _positive_random_features_autograd(x, *args)
         if x.requires_grad:
             return PositiveRandomFeatures.apply(x, *args)
-        return _positive_random_features(x, *args, for_backward=False)[0]
+        return positive_random_features(x, *args, for_backward=False)[0]
 
     def forward_with_state(self, q, k, v, **kw):
         interval = self.options.redraw_interval
@@ -116,7 +116,7 @@ class PerformerKernel(LinearKernel):
         return super().forward_with_state(q, k, v, **kw)
 
 
-def _positive_random_features(x, omega, scaling, is_query, m, feature_eps, for_backward=True):
+def positive_random_features(x, omega, scaling, is_query, m, feature_eps, for_backward=True):
     """m^-1/2 (exp(a) + ε) with a = ω'ᵀx - shift: shift = max_l ω'_lᵀx for queries, s ||x||²/2 for keys
     (whose exponent is then capped at 60), computed in place as exp(a + ln c) + c ε, c = m^-1/2.
     Also returns what the backward needs (``for_backward``): the argmax (queries) or the uncapped mask
@@ -156,7 +156,7 @@ class PositiveRandomFeatures(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, omega, scaling, is_query, m, feature_eps):
-        phi, where = _positive_random_features(x, omega, scaling, is_query, m, feature_eps)
+        phi, where = positive_random_features(x, omega, scaling, is_query, m, feature_eps)
         ctx.save_for_backward(x, omega, phi, where)
         ctx.scaling, ctx.is_query, ctx.eps_c = scaling, is_query, feature_eps * m**-0.5
         return phi

@@ -25,13 +25,23 @@ from __future__ import annotations
 
 from . import cost
 from .bidirectional import bidirectional
-from .chunk import DEFAULT_CHUNK, CausalScan, ClosedForm, causal_chunked, chunk_mask, scan
+from .chunk import DEFAULT_CHUNK, CausalScan, ClosedForm, ScanLayout, causal_chunked, chunk_mask, scan
 from .recurrent import accumulate
 from .sparse_cache import recall_error, sparse_window
-from .state import ExactKV, LinearState, SinkSet, SparseCache, normalize, normalized_output, query_rows, with_ones
+from .state import (
+    ExactKV,
+    LinearState,
+    PastKeys,
+    SinkSet,
+    SparseCache,
+    normalize,
+    normalized_output,
+    query_rows,
+    with_ones,
+)
 from .window import branch_normalisers, chunk_length, hybrid_attention, update_sinks
 
-__all__ = ["DEFAULT_CHUNK", "CausalScan", "ClosedForm", "ExactKV", "LinearState", "SinkSet", "SparseCache",
-           "accumulate", "bidirectional", "branch_normalisers", "causal_chunked", "chunk_length", "chunk_mask", "cost",
-           "hybrid_attention", "normalize", "normalized_output", "query_rows", "recall_error", "scan", "sparse_window",
-           "update_sinks", "with_ones"]
+__all__ = ["DEFAULT_CHUNK", "CausalScan", "ClosedForm", "ExactKV", "LinearState", "PastKeys", "ScanLayout", "SinkSet",
+           "SparseCache", "accumulate", "bidirectional", "branch_normalisers", "causal_chunked", "chunk_length",
+           "chunk_mask", "cost", "hybrid_attention", "normalize", "normalized_output", "query_rows", "recall_error",
+           "scan", "sparse_window", "update_sinks", "with_ones"]

@@ -44,34 +44,43 @@ class ClosedForm:
     key_weight: torch.Tensor | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class ScanLayout:
+    """How :func:`scan` reads its rows and walks them: ``gq`` query rows and ``gk`` key rows per position (rows
+    ordered (position, group)), chunks of ``chunk_size`` positions, and backwards in time when ``reverse``."""
+
+    gq: int = 1
+    gk: int = 1
+    chunk_size: int = DEFAULT_CHUNK
+    reverse: bool = False
+
+
 def scan(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     state: torch.Tensor,
+    layout: ScanLayout,
     *,
-    gq: int,
-    gk: int,
-    chunk_size: int = DEFAULT_CHUNK,
     closed_form: ClosedForm | None = None,
-    reverse: bool = False,
 ) -> torch.Tensor:
     """Causal linear attention in 3-D layout; updates ``state`` in place to the state after the last key.
 
     ``q`` ``[BH, N·gq, a]``, ``k`` ``[BH, N·gk, a]``, ``v`` ``[BH, N·gk, b]``, ``state`` ``[BH, a, b]``,
-    rows ordered (position, group); returns ``o`` ``[BH, N·gq, b]`` with
+    rows ordered (position, group) (``layout``); returns ``o`` ``[BH, N·gq, b]`` with
     o_(t,g) = Σ_{t' ≤ t, g'} (q_(t,g)·k_(t',g')) v_(t',g') + q_(t,g) state.
 
     With ``closed_form`` the in-chunk scores q·k come from ``closed_form.fn(q' k'ᵀ)`` on the (smaller)
     ``closed_form.q`` / ``.k`` instead of the features (Taylor: 1 + t + t²/2 from D-dim dot products).
 
-    ``reverse`` runs the same recurrence backwards in time (anti-causal): o_(t,g) sums t' ≥ t, plus
+    ``layout.reverse`` runs the same recurrence backwards in time (anti-causal): o_(t,g) sums t' ≥ t, plus
     q state; equal to flipping the positions of every input, scanning and
     flipping back, without the copies. Chunks are then aligned to the end of the sequence.
     """
+    gq, gk, reverse = layout.gq, layout.gk, layout.reverse
     n = k.shape[1] // gk
     out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
-    chunk = min(chunk_size, n)
+    chunk = min(layout.chunk_size, n)
     mask = chunk_mask(chunk, gq, gk, q.dtype, q.device, reverse) if n else None
     if reverse:
         starts = [(max(0, end - chunk), min(chunk, end)) for end in range(n, 0, -chunk)]
@@ -109,7 +118,7 @@ class CausalScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, state0, gq, chunk_size):
         state = state0.clone()
-        out = scan(q, k, v, state, gq=gq, gk=1, chunk_size=chunk_size)
+        out = scan(q, k, v, state, ScanLayout(gq, 1, chunk_size))
         ctx.save_for_backward(q, k, v, state0)
         ctx.gq, ctx.chunk_size = gq, chunk_size
         return out, state
@@ -123,18 +132,16 @@ class CausalScan(torch.autograd.Function):
     def _backward(ctx, d_out, d_state):
         q, k, v, state0 = ctx.saved_tensors
         gq, chunk = ctx.gq, ctx.chunk_size
-        kw = {"chunk_size": chunk}
+        forward = ScanLayout(gq, 1, chunk)
+        backward = ScanLayout(1, gq, chunk, reverse=True)
         d_state_in = d_state
         dq = dk = dv = ds0 = None
         if ctx.needs_input_grad[0]:
-            dq = scan(d_out, v, k, state0.transpose(1, 2).clone(memory_format=torch.contiguous_format), gq=gq,
-                      gk=1, **kw)
+            dq = scan(d_out, v, k, state0.transpose(1, 2).clone(memory_format=torch.contiguous_format), forward)
         if ctx.needs_input_grad[1]:
-            dk = scan(v, d_out, q, d_state_in.transpose(1, 2).clone(memory_format=torch.contiguous_format),
-                      gq=1, gk=gq, reverse=True, **kw)
+            dk = scan(v, d_out, q, d_state_in.transpose(1, 2).clone(memory_format=torch.contiguous_format), backward)
         if ctx.needs_input_grad[2]:
-            dv = scan(k, q, d_out, d_state_in.clone(memory_format=torch.contiguous_format), gq=1, gk=gq,
-                      reverse=True, **kw)
+            dv = scan(k, q, d_out, d_state_in.clone(memory_format=torch.contiguous_format), backward)
         if ctx.needs_input_grad[3]:
             ds0 = q.transpose(1, 2) @ d_out + d_state
         return dq, dk, dv, ds0, None, None

@@ -134,6 +134,16 @@ class LinearState:
         return cls(s_aug[..., :-1], s_aug[..., -1])
 
 
+
+@dataclasses.dataclass(frozen=True)
+class PastKeys:
+    """What a causal call continues from: the ``state`` of the keys before its keys (None: there were none) and
+    ``offset``, the position of its first key (how many keys came before it)."""
+
+    state: LinearState | None = None
+    offset: int = 0
+
+
 def with_ones(v: torch.Tensor) -> torch.Tensor:
     """``[..., Dv] -> [..., Dv + 1]``: values extended by a 1, so that one matmul also gives Σ φ(q)·φ(k)."""
     return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], -1)
