@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 
@@ -12,6 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from hf_kernel_attn.kernels import KERNELS, LayerShape, build_kernel
 from hf_kernel_attn.speed.kernel_bench import (
     ROW_KEYS,
+    SuiteSettings,
     bench_kernel,
     estimate_flops,
     format_table,
@@ -22,13 +24,13 @@ from hf_kernel_attn.speed.kernel_bench import (
 )
 from tests.paths import REPO
 
-TINY = dict(heads=2, head_dim=16, repeats=1, warmup=0)
+TINY = SuiteSettings(heads=2, head_dim=16, repeats=1, warmup=0)
 CLI_PATH = REPO / "benchmarks" / "kernel_bench.py"
 
 
 @pytest.fixture(scope="module")
 def suite():
-    return run_suite(["gaussian", "elu", "skyformer"], [64, 128], causal_modes=(True, False), **TINY)
+    return run_suite(["gaussian", "elu", "skyformer"], [64, 128], dataclasses.replace(TINY, causal_modes=(True, False)))
 
 
 def by(rows, **match):
@@ -66,8 +68,9 @@ def test_bidirectional_only_kernel_is_skipped_in_causal_mode(suite):
 
 
 def test_length_limits_skip_with_a_reason():
-    rows = run_suite(["gaussian", "elu"], [32, 64], causal_modes=(True,), max_len_quadratic=32,
-                     max_len_linear=32, measure_memory=False, **TINY)
+    settings = dataclasses.replace(TINY, causal_modes=(True,), max_len_quadratic=32, max_len_linear=32,
+                                   measure_memory=False)
+    rows = run_suite(["gaussian", "elu"], [32, 64], settings)
     assert [(r["kernel"], r["n"], r["status"]) for r in rows] == [
         ("softmax", 32, "ok"), ("gaussian", 32, "ok"), ("elu", 32, "ok"),
         ("softmax", 64, "skipped"), ("gaussian", 64, "skipped"), ("elu", 64, "skipped"),
@@ -81,15 +84,16 @@ def test_length_limits_skip_with_a_reason():
 
 def test_unknown_kernel_raises_listing_available():
     with pytest.raises(ValueError, match="available kernels") as info:
-        run_suite(["softmax", "nope"], [64], **TINY)
+        run_suite(["softmax", "nope"], [64], TINY)
     assert "nope" in str(info.value)
     for name in KERNELS:
         assert name in str(info.value)
 
 
 def test_backward_and_gqa():
-    row = bench_kernel("hedgehog", 64, causal=True, backward=True, kv_heads=1, **TINY)
-    fwd = bench_kernel("hedgehog", 64, causal=True, backward=False, kv_heads=1, **TINY)
+    gqa = dataclasses.replace(TINY, kv_heads=1)
+    row = bench_kernel("hedgehog", 64, causal=True, backward=True, settings=gqa)
+    fwd = bench_kernel("hedgehog", 64, causal=True, backward=False, settings=gqa)
     assert row["status"] == "ok" and row["time_s"] > 0 and row["kv_heads"] == 1
     # 3× the forward, whose projection is [W, -W] (2·16 columns) with autograd instead of W (16) without
     batch, n, d, f, heads = 1, 64, 16, 16, 2 + 1
