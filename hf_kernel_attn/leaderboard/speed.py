@@ -11,7 +11,7 @@ from typing import Any
 from ..fileio import append_jsonl_atomic, read_jsonl
 from ..kernels import SOFTMAX
 from ..model_paths import CorruptCheckpointError
-from ..speed.model_bench import bench_models, load_models
+from ..speed.model_bench import Rounds, bench_models, load_models
 from .progress import duration, heartbeat
 
 __all__ = ["SPEED_FILE", "time_models", "timed_as"]
@@ -77,8 +77,8 @@ def _time_model(m: dict[str, Any], length: int, repeats: int) -> list[dict[str, 
         for k in runs:
             models[k].register_forward_hook(counter(k))
         count.update(total=len(runs) * (1 + repeats), last="warm-up")  # bench_models' warm-up: one forward each
-        return bench_models(models, kind, batches=[1], lengths=[length], repeats=repeats, model_name=m["name"],
-                            progress=measured)
+        return bench_models(models, kind, batches=[1], lengths=[length], rounds=Rounds(repeats=repeats),
+                            model_name=m["name"], progress=measured)
 
 
 def timed_as(cfg: dict[str, Any]) -> dict[tuple[str, str], tuple[str, str]]:

@@ -35,7 +35,7 @@ from .kernel_bench import (
     measure_matmul_peak,
     run_suite,
 )
-from .model_bench import bench_models, format_model_table, load_models, plot_model_rows
+from .model_bench import Rounds, bench_models, format_model_table, load_models, plot_model_rows
 
 PROG = "hf-kernel-attn bench"
 
@@ -207,8 +207,9 @@ def model_main(args: argparse.Namespace) -> int:
             print(f"{row['kernel']:10s} {where} {row['time_s'] * 1e3:9.1f} ms  x{row['ratio_vs_softmax']:.2f} softmax",
                   flush=True)
 
-    rows = bench_models(models, kind, batches=args.batch_sizes, lengths=lengths, repeats=args.repeats or 5,
-                        warmup=max(1, args.warmup), model_name=args.model, progress=progress)
+    rows = bench_models(models, kind, batches=args.batch_sizes, lengths=lengths,
+                        rounds=Rounds(repeats=args.repeats or 5, warmup=max(1, args.warmup)), model_name=args.model,
+                        progress=progress)
     print()
     print(format_model_table(rows))
     if args.output:

