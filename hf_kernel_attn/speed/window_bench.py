@@ -12,6 +12,7 @@ its time over that round's SDPA time, and the reported ratio is the median over 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -26,21 +27,31 @@ from .kernel_bench import machine_info, num_threads
 FEATURE_MAPS = sorted(n for n, c in KERNELS.items() if c.is_linear)
 
 
+@dataclasses.dataclass(frozen=True)
+class HeadShape:
+    """The shape of the random q, k and v every configuration attends over (SmolLM2's attention by default)."""
+
+    batch: int = 1
+    heads: int = 9  # query heads
+    kv_heads: int = 3  # key/value heads (grouped-query attention when fewer than ``heads``)
+    head_dim: int = 64
+
+
 def window_speed(
     kernels: Sequence[str] = FEATURE_MAPS,
     *,
     length: int = 16384,
     window: int = 64,
     rounds: int = 5,
-    batch: int = 1,
-    heads: int = 9,
-    kv_heads: int = 3,
-    head_dim: int = 64,
+    shape: HeadShape | None = None,
     threads: int | None = None,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
     """One row per configuration: kernel, window (0 = plain), median seconds, median ratio to SDPA (time /
-    SDPA time; below 1 is faster), speed-up (its inverse) and the per-round ratios."""
+    SDPA time; below 1 is faster), speed-up (its inverse) and the per-round ratios. ``shape``: of q, k, v
+    (default: :class:`HeadShape`'s defaults); ``seed``: of their random values."""
+    shape = shape or HeadShape()
+    batch, heads, kv_heads, head_dim = shape.batch, shape.heads, shape.kv_heads, shape.head_dim
     unknown = [k for k in kernels if k not in KERNELS or not KERNELS[k].is_linear]
     if unknown:
         raise ValueError(f"window_speed takes feature-map kernels ({FEATURE_MAPS}); got {unknown}")
@@ -48,14 +59,14 @@ def window_speed(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     configs = [(SOFTMAX, 0)] + [(k, w) for k in kernels for w in (0, window)]
-    shape = LayerShape(heads, kv_heads, head_dim, 0, max(length, 2048))
+    layer = LayerShape(heads, kv_heads, head_dim, 0, max(length, 2048))
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, heads, length, head_dim, generator=gen)
     k = torch.randn(batch, kv_heads, length, head_dim, generator=gen)
     v = torch.randn(batch, kv_heads, length, head_dim, generator=gen)
     times: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
     with num_threads(threads), torch.no_grad():
-        modules = {c: build_kernel(c[0], shape, {"window": c[1]} if c[1] else None) for c in configs}
+        modules = {c: build_kernel(c[0], layer, {"window": c[1]} if c[1] else None) for c in configs}
         warm = min(length, 1024)
         for module in modules.values():
             module(q[:, :, :warm], k[:, :, :warm], v[:, :, :warm], causal=True)
@@ -97,8 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", default=None, help="write machine, settings and rows as JSON here")
     args = p.parse_args(argv)
     try:
-        rows = window_speed(args.kernels, length=args.length, window=args.window, rounds=args.rounds,
-                            heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, threads=args.threads)
+        shape = HeadShape(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim)
+        rows = window_speed(args.kernels, length=args.length, window=args.window, rounds=args.rounds, shape=shape,
+                            threads=args.threads)
     except ValueError as exc:
         print(f"error: {exc}")
         return 2

@@ -201,9 +201,10 @@ def test_smollm2_hedgehog_window64_generation_and_constant_cache(smollm2, smollm
 
 
 def test_window_speed_benchmark_rows_and_errors():
-    from hf_kernel_attn.speed.window_bench import window_speed
+    from hf_kernel_attn.speed.window_bench import HeadShape, window_speed
 
-    rows = window_speed(["elu"], length=96, window=8, rounds=2, heads=4, kv_heads=2, head_dim=8, threads=1)
+    rows = window_speed(["elu"], length=96, window=8, rounds=2, shape=HeadShape(heads=4, kv_heads=2, head_dim=8),
+                        threads=1)
     assert [(r["kernel"], r["window"]) for r in rows] == [("softmax", 0), ("elu", 0), ("elu", 8)]
     assert rows[0]["ratio_vs_sdpa"] == 1.0 and all(len(r["round_ratios"]) == 2 for r in rows)
     assert all(r["time_s"] > 0 and r["speedup_vs_sdpa"] == pytest.approx(1 / r["ratio_vs_sdpa"]) for r in rows)
