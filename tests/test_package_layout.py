@@ -234,3 +234,63 @@ def test_tests_mirror_the_package_without_path_edits_or_imports_of_other_test_mo
                     and node.module.split(".")[-1] != path.stem:
                 problems.append(f"{path.relative_to(tests)}:{node.lineno}: imports the test module {node.module}")
     assert not problems, "\n".join(problems)
+
+
+MAX_MODULE_LINES = 400
+MAX_PARAMETERS = 8
+
+
+def test_no_module_is_over_400_lines():
+    long = sorted(f"{m}: {n} lines" for m, path in MODULES.items()
+                  if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES)
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by concern):\n" + "\n".join(long)
+
+
+def test_no_function_takes_more_than_8_parameters():
+    """Counted as written (positional, keyword-only; not self/cls, *args or **kwargs): related arguments travel
+    as one dataclass."""
+    many = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs) if x.arg not in ("self", "cls")]
+                if len(names) > MAX_PARAMETERS:
+                    many.append(f"{module}:{node.lineno} {node.name}: {len(names)} parameters")
+    assert not many, "\n".join(many)
+
+
+def _kernel_private_names() -> set[str]:
+    """Underscored (not dunder) functions, methods and module attributes defined anywhere under kernels/."""
+    names = set()
+    for module, path in MODULES.items():
+        if not module.startswith("hf_kernel_attn.kernels"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = node.name
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                name = node.targets[0].id
+            else:
+                continue
+            if name.startswith("_") and not name.startswith("__"):
+                names.add(name)
+    return names
+
+
+def test_nothing_outside_kernels_calls_a_private_kernel_name():
+    """Outside kernels/, no call of an underscored method a kernel defines (``kernel._block_length(...)``) and
+    no import of an underscored name from a kernels module: the rest of the package uses the public contract."""
+    private = _kernel_private_names()
+    assert len(private) > 20, "the reader found (almost) no private kernel names"
+    found = []
+    for module, path in MODULES.items():
+        if module.startswith("hf_kernel_attn.kernels"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in private:
+                found.append(f"{module}:{node.lineno}: {ast.unparse(node.func)}(...)")
+            if isinstance(node, ast.ImportFrom) and node.module and "kernels" in node.module.split("."):
+                found += [f"{module}:{node.lineno}: imports {a.name} from {node.module}"
+                          for a in node.names if a.name.startswith("_")]
+    assert not found, "private kernel names used outside kernels/:\n" + "\n".join(found)
