@@ -6,6 +6,7 @@ the module that defines it."""
 from __future__ import annotations
 
 import ast
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -294,3 +295,46 @@ def test_nothing_outside_kernels_calls_a_private_kernel_name():
                 found += [f"{module}:{node.lineno}: imports {a.name} from {node.module}"
                           for a in node.names if a.name.startswith("_")]
     assert not found, "private kernel names used outside kernels/:\n" + "\n".join(found)
+
+
+DESIGN = ROOT.parent / "docs" / "design.md"
+MAP_START, MAP_END = "<!-- package-map:start -->", "<!-- package-map:end -->"
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "<root>"
+    return parts[1] + ("/" if MODULES[module].name == "__init__.py" or len(parts) > 2 else ".py")
+
+
+def package_map() -> str:
+    """The package drawn from its imports: per layer, each folder or module, how many modules it has, and the
+    parts below it that it imports (the arrows; none may point up)."""
+    parts: dict[str, set[str]] = defaultdict(set)
+    arrows: dict[str, set[str]] = defaultdict(set)
+    for module in MODULES:
+        parts[_part(module)].add(module)
+        for target in GRAPH[module]:
+            if _part(target) != _part(module):
+                arrows[_part(module)].add(_part(target))
+    lines = ["```", "layer  part                 modules  imports (every arrow points down)"]
+    for level in sorted(LAYERS, reverse=True):
+        for part in sorted(p for p in parts if _layer(next(iter(parts[p]))) == level):
+            below = sorted(arrows[part], key=lambda p: (-_layer(next(iter(parts[p]))), p))
+            shown = [("(package root)" if p == "<root>" else p) for p in (part, *below)]
+            lines.append(f"{level:>5}  {shown[0]:<22}{len(parts[part]):>5}    " + (", ".join(shown[1:]) or "-"))
+    lines.append("```")
+    return "\n".join(lines)
+
+
+def test_the_package_map_in_design_md_is_drawn_from_the_code():
+    text = DESIGN.read_text(encoding="utf-8")
+    start, end = text.index(MAP_START) + len(MAP_START), text.index(MAP_END)
+    drawn = "\n" + package_map() + "\n"
+    if os.environ.get("HF_KERNEL_ATTN_WRITE_DOCS") == "1":
+        DESIGN.write_text(text[:start] + drawn + text[end:], encoding="utf-8")
+        text = DESIGN.read_text(encoding="utf-8")
+        start, end = text.index(MAP_START) + len(MAP_START), text.index(MAP_END)
+    assert text[start:end] == drawn, ("docs/design.md's package map is stale: rewrite it with "
+                                      "HF_KERNEL_ATTN_WRITE_DOCS=1 pytest tests/test_package_layout.py")
