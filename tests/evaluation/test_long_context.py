@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
 
 from hf_kernel_attn.evaluation.long_context import TASKS
 from hf_kernel_attn.evaluation.long_context.base import exact_match, first_number, needle_index, rng_for
+from hf_kernel_attn.evaluation.long_context.kv_recall import ASK as KV_ASK
 from hf_kernel_attn.evaluation.long_context.niah import NEEDLE as NIAH_NEEDLE
+from hf_kernel_attn.evaluation.long_context.niah import QUESTION as NIAH_QUESTION
 from hf_kernel_attn.evaluation.long_context.passkey import FILLER, NEEDLE
+from hf_kernel_attn.evaluation.long_context.passkey import QUESTION as PASSKEY_QUESTION
 from hf_kernel_attn.evaluation.long_context.position_loss import buckets
 from hf_kernel_attn.evaluation.long_context.runner import (
     LongContextGrid,
@@ -145,6 +149,26 @@ def test_kv_recall_spans_hold_the_answers(encode, smollm2_tok):
             text = smollm2_tok.decode(s.ids[s.needle_start:])
             asked_key = smollm2_tok.decode(s.ids[s.extra["answer_spans"][0][0] - 6:s.extra["answer_spans"][0][0]])
             assert text.startswith("\n" + asked_key.strip().rstrip(":") + ": " + s.answers[0])
+
+
+@pytest.mark.parametrize("task", ["passkey", "niah", "kv_recall"])
+def test_question_start_is_where_the_question_starts(task, encode, smollm2_tok, wiki):
+    """``question_start`` splits each prompt into the context (what a KV-cache press compresses) and the question:
+    decoded, the rest is the task's question, and no question token is in the context."""
+    kwargs = {"text_ids": wiki} if task == "niah" else {}
+    for depth in (0, 100):
+        for s in TASKS[task].samples(encode, 512, depth, 2, seed=3, **kwargs):
+            start = s.question_start
+            assert s.needle_start < start < len(s.ids)
+            question, context = smollm2_tok.decode(s.ids[start:]), smollm2_tok.decode(s.ids[:start])
+            if task == "passkey":
+                assert question == PASSKEY_QUESTION and "What is the pass key" not in context
+            elif task == "niah":
+                assert question == NIAH_QUESTION.format(key=s.extra["key"]) and "What is the special" not in context
+            else:  # the list of pairs, then the questions (whose answers are scored teacher-forced after start)
+                assert question.startswith(KV_ASK) and start < min(a for a, _ in s.extra["answer_spans"])
+                assert re.search(r"\n\d{4}: \w+$", context) and KV_ASK.strip() not in context
+    assert TASKS["position_loss"].samples(encode, 64, 0, 1, 0, text_ids=wiki.ids)[0].question_start is None
 
 
 def test_teacher_forced_scores_equal_greedy_generation(smollm2, smollm2_tok, encode):

@@ -27,8 +27,10 @@ Encode = Callable[[str], list[int]]
 @dataclasses.dataclass
 class Sample:
     """One prompt: ``ids`` (exactly ``length`` tokens), the expected ``answers`` (one per query; a query is
-    asked greedily at the end or, for teacher-forced queries, at ``query_starts``), and where the needle (the
-    asked fact) starts (``needle_start``: token index in ``ids``)."""
+    asked greedily at the end or, for teacher-forced queries, at ``query_starts``), where the needle (the
+    asked fact) starts (``needle_start``: token index in ``ids``) and where the question starts
+    (``question_start``: ``ids[:question_start]`` is the context a KV-cache press compresses, the rest is asked
+    after it; None for tasks without a question)."""
 
     ids: list[int]
     answers: list[str]
@@ -36,6 +38,7 @@ class Sample:
     length: int
     depth: float
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    question_start: int | None = None
 
 
 def rng_for(seed: int, *parts: Any) -> random.Random:

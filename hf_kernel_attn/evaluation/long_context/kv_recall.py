@@ -56,6 +56,7 @@ class KvRecall(LongContextTask):
                 if j == first:
                     needle_start = len(ids)
                 ids += pair
+            question_start = len(ids)  # the list ends, the questions begin
             ids += ask
             spans = []
             for j in asked:
@@ -70,5 +71,6 @@ class KvRecall(LongContextTask):
             ids = ids[:len(prefix)] + newline * fill + ids[len(prefix):] if newline else ids
             spans = [(s + fill, e + fill) for s, e in spans]
             out.append(Sample(ids, [values[j] for j in asked], needle_start + fill, length, depth,
-                              {"answer_spans": spans, "pairs": len(pairs), "asked": asked}))
+                              {"answer_spans": spans, "pairs": len(pairs), "asked": asked},
+                              question_start=question_start + fill))
         return out

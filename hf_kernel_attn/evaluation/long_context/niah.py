@@ -76,5 +76,5 @@ class Niah(LongContextTask):
             shift = sum(len(v) for k, v in inserts.items() if k < at)
             out.append(Sample(ids, [values[0]], len(prefix) + at + shift, length, depth,
                               {"haystack_start": len(prefix), "haystack_tokens": budget, "key": keys[0],
-                               "distractors": distractors}))
+                               "distractors": distractors}, question_start=len(ids) - len(question)))
         return out

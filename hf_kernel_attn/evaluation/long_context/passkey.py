@@ -62,5 +62,6 @@ class Passkey(LongContextTask):
             at = needle_index(depth, budget, starts)
             ids = assemble(prefix, hay, {at: needle}, question)
             out.append(Sample(ids, [key], len(prefix) + at, length, depth,
-                              {"haystack_start": len(prefix), "haystack_tokens": budget}))
+                              {"haystack_start": len(prefix), "haystack_tokens": budget},
+                              question_start=len(ids) - len(question)))
         return out
