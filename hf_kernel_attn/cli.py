@@ -196,6 +196,17 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="long-context tasks: the seed of keys, needles and offsets")
     ev.add_argument("--plot-dir", default=None,
                     help="long-context tasks: write the accuracy heat maps and loss-vs-position curves here")
+    ev.add_argument("--press", default=None, metavar="NAME",
+                    help="KV-compression baseline: run the long-context tasks (passkey niah kv_recall) on the "
+                         "unconverted softmax model with this kvpress press, each context compressed before its "
+                         "question: streaming_llm snapkv tova expected_attention knorm kvzip sparse_cache (needs "
+                         "`pip install 'hf_kernel_attn[press]'`, transformers<5.3: bash scripts/setup.sh --press)")
+    ratio = ev.add_mutually_exclusive_group()
+    ratio.add_argument("--compression", type=float, default=None, metavar="R",
+                       help="with --press: the share of each context's K/V pairs removed, in [0, 1)")
+    ratio.add_argument("--press-bytes", type=_positive_int, default=None, metavar="B",
+                       help="with --press, instead of --compression: the K/V bytes left after each context (e.g. "
+                            "a constant-memory kernel's cache_bytes at that length); the ratio follows per prompt")
     ev.add_argument("--threads", type=_positive_int, default=None)
     ev.add_argument("--output", default=None, help="append one JSON line per result here")
     ev.add_argument("--update-card", action="store_true",

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from ..evaluation.lm_eval_tasks import local_task_args, register_model
-from ..evaluation.runner import EvalSettings, ModelSpec, run_eval, summary_table
+from ..evaluation.runner import EvalSettings, ModelSpec, check_press, run_eval, summary_table
+from ..evaluation.tasks import get_tasks
 from ..kernel_args import check_param_targets, kernel_options, parse_kernel_spec, parse_params
 from ..kernels import SOFTMAX
 from ..leaderboard.runner import leaderboard
@@ -53,7 +54,14 @@ def eval_command(args: argparse.Namespace) -> int:
     spec = ModelSpec(args.model, args.gguf_file, kernel, args.layers, options)
     settings = EvalSettings(split=args.split, data_dir=args.data_dir, limit=args.limit, batch_size=args.batch_size,
                             context=args.context, stride=args.stride, lengths=args.lengths, depths=args.depths,
-                            samples=args.samples, seed=args.seed, output=args.output, plot_dir=args.plot_dir)
+                            samples=args.samples, seed=args.seed, output=args.output, plot_dir=args.plot_dir,
+                            press=args.press, compression=args.compression, press_bytes=args.press_bytes)
+    if args.press is not None:
+        try:  # run_eval checks this too; here a missing kvpress is an `error:` line, not a traceback
+            check_press(settings, get_tasks(args.tasks), spec)
+        except ImportError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     records = run_eval(spec, args.tasks, settings)
     print(summary_table(records))
     if args.update_card:

@@ -20,7 +20,7 @@ kvpress pins ``transformers<5.3`` and, on import, wraps every attention function
 ``ALL_ATTENTION_FUNCTIONS`` (its head-wise masking patch): it is imported only when a press is made.
 
 API: :data:`PRESSES` (name -> factory), :func:`make_press`, :func:`press_runner` / :class:`PressRunner` (prefill
-with the press, then question + greedy answer), :func:`cache_bytes`, :func:`kept_cache_bytes`,
+with the press, then question + greedy answer, or a teacher-forced pass), :func:`cache_bytes`, :func:`kept_cache_bytes`,
 :func:`ratio_for_bytes` (the ratio that leaves a target number of bytes), :func:`require_kvpress`.
 """
 
@@ -39,11 +39,12 @@ import torch
 from transformers import DynamicCache
 
 from ..integration.cache import cache_bytes as _layer_bytes
+from ..integration.patching import kernel_config
 from ..kernels.linear.sparse_cache import MASS_FLOOR
 from ..registry import Registry
 
-KVPRESS_INSTALL = ("pip install kvpress  (kvpress pins transformers<5.3: install it in an environment with "
-                   "transformers>=5.2,<5.3)")
+KVPRESS_INSTALL = ("pip install 'hf_kernel_attn[press]' in an environment with transformers>=5.2,<5.3 (kvpress "
+                   "pins transformers<5.3), e.g. the one `bash scripts/setup.sh --press` makes")
 
 PressFactory = Callable[..., Any]  # (compression_ratio, **options) -> a kvpress BasePress
 
@@ -237,6 +238,17 @@ class PressResult:
     compression_ratio: float
 
 
+@dataclasses.dataclass
+class Prefilled:
+    """A context prefilled under ``press``: its ``cache``, the position the next token takes (``start``) and
+    the :class:`PressResult` so far (no tokens yet)."""
+
+    cache: Any
+    press: Any
+    start: int
+    result: PressResult
+
+
 class PressRunner:
     """A softmax causal LM with a press, answering like kvpress's ``kv-press-text-generation`` pipeline: the
     context is prefilled under the press (decoder only, no LM head), the question is fed with position ids going
@@ -251,6 +263,10 @@ class PressRunner:
                  target_bytes: int | None = None, options: dict[str, Any] | None = None) -> None:
         if (compression_ratio is None) == (target_bytes is None):
             raise ValueError("give one of compression_ratio and target_bytes")
+        attached = kernel_config(model)
+        if attached is not None:
+            raise ValueError(f"a KV-cache press runs on the unconverted softmax model; this model has the "
+                             f"{attached.kernel!r} kernel attached: load it without a kernel")
         self.model, self.name, self.options = model, name, dict(options or {})
         self.compression_ratio, self.target_bytes = compression_ratio, target_bytes
         self._kvpress = require_kvpress()
@@ -279,34 +295,58 @@ class PressRunner:
         return ratio_for_bytes(self.target_bytes, self.model.config, context_tokens, dtype=self.model.dtype,
                                extra_tokens=extra_tokens)
 
+    def prefill(self, context_ids: Sequence[int] | torch.Tensor, extra_tokens: int = 0) -> Prefilled:
+        """The context prefilled under the press (call :meth:`restore` when done with the model): the cache, and
+        where the tokens after it go on. ``extra_tokens``: with ``target_bytes``, room left for them."""
+        kv = self._kvpress
+        ctx = _as_row(context_ids, next(self.model.parameters()).device)
+        n = ctx.shape[1]
+        ratio = self.ratio_for(n, extra_tokens)
+        press = make_press(self.name, ratio, **self.options)
+        cache = DynamicCache()
+        with press(self.model) if not isinstance(press, kv.DecodingPress) else contextlib.nullcontext():
+            self.model.model(input_ids=ctx, past_key_values=cache)
+        start = n
+        if isinstance(press, (kv.RestoreKVPress, kv.KeyRerotationPress)) or (
+                isinstance(press, kv.FinchPress) and press.rerotate_keys):
+            start = cache.get_seq_length()
+        result = PressResult([], n, cache.get_seq_length(), kept_cache_bytes(cache, self.model), ratio)
+        return Prefilled(cache, press, start, result)
+
+    def after_prefill(self, prefilled: Prefilled):
+        """The press again for what follows the context when it also compresses while decoding, else a no-op."""
+        decoding = isinstance(prefilled.press, (self._kvpress.DecodingPress, self._kvpress.PrefillDecodingPress))
+        return prefilled.press(self.model) if decoding else contextlib.nullcontext()
+
     @torch.no_grad()
     def generate(self, context_ids: Sequence[int] | torch.Tensor, question_ids: Sequence[int] | torch.Tensor, *,
                  max_new_tokens: int, eos_token_id: int | Sequence[int] | None = None,
                  budget_includes_question: bool = False) -> PressResult:
         """Prefill ``context_ids`` under the press, then answer ``question_ids`` greedily (one sequence).
         ``budget_includes_question``: with ``target_bytes``, leave room for the question's uncompressed pairs."""
-        kv = self._kvpress
-        device = next(self.model.parameters()).device
-        ctx = _as_row(context_ids, device)
-        question = _as_row(question_ids, device)
-        n = ctx.shape[1]
-        ratio = self.ratio_for(n, question.shape[1] if budget_includes_question else 0)
-        press = make_press(self.name, ratio, **self.options)
-        cache = DynamicCache()
-        decoding = isinstance(press, (kv.DecodingPress, kv.PrefillDecodingPress))
+        question = _as_row(question_ids, next(self.model.parameters()).device)
         try:
-            with press(self.model) if not isinstance(press, kv.DecodingPress) else contextlib.nullcontext():
-                self.model.model(input_ids=ctx, past_key_values=cache)
-            kept, held = cache.get_seq_length(), kept_cache_bytes(cache, self.model)
-            start = n
-            if isinstance(press, kv.RestoreKVPress) or isinstance(press, kv.KeyRerotationPress) or (
-                    isinstance(press, kv.FinchPress) and press.rerotate_keys):
-                start = cache.get_seq_length()
-            with press(self.model) if decoding else contextlib.nullcontext():
-                tokens = self._greedy(question, cache, start, max_new_tokens, eos_token_id)
+            pre = self.prefill(context_ids, question.shape[1] if budget_includes_question else 0)
+            with self.after_prefill(pre):
+                tokens = self._greedy(question, pre.cache, pre.start, max_new_tokens, eos_token_id)
         finally:
             self.restore()
-        return PressResult(tokens, n, kept, held, ratio)
+        return dataclasses.replace(pre.result, tokens=tokens)
+
+    @torch.no_grad()
+    def predict(self, context_ids: Sequence[int] | torch.Tensor,
+                continuation_ids: Sequence[int] | torch.Tensor) -> tuple[PressResult, torch.Tensor]:
+        """Prefill ``context_ids`` under the press, then one teacher-forced pass over ``continuation_ids``: the
+        result (no tokens) and the argmax after each continuation token (``[len(continuation_ids)]``)."""
+        rest = _as_row(continuation_ids, next(self.model.parameters()).device)
+        try:
+            pre = self.prefill(context_ids)
+            positions = torch.arange(pre.start, pre.start + rest.shape[1], device=rest.device).unsqueeze(0)
+            with self.after_prefill(pre):
+                logits = self.model(input_ids=rest, past_key_values=pre.cache, position_ids=positions).logits
+        finally:
+            self.restore()
+        return pre.result, logits[0].argmax(-1)
 
     def generate_prompt(self, ids: Sequence[int], question_start: int, **kwargs: Any) -> PressResult:
         """:meth:`generate` on one prompt split at ``question_start``: context = ids[:question_start]."""

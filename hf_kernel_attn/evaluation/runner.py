@@ -18,14 +18,16 @@ import hf_kernel_attn
 from ..kernels import SOFTMAX
 from ..model_paths import check_local_path, load_errors, locate_model
 from .families.embedding import embed, mean_pool
-from .families.long_context import COST_KEYS, LONG_CONTEXT_KEYS
+from .families.long_context import COST_KEYS, LONG_CONTEXT_KEYS, PRESS_KEYS, LongContextEvalTask
+from .families.long_context import TASKS as LONG_CONTEXT_TASKS
 from .long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
 from .long_context.plots import plot_long_context
+from .presses import PRESSES, PressRunner, require_kvpress
 from .task import MODEL_CLASSES, RECORD_KEYS, EvalOptions, EvalRun, EvalTask
 from .tasks import check_data_files, check_split, check_split_of, get_task, get_tasks
 
-__all__ = ["COST_KEYS", "LONG_CONTEXT_KEYS", "RECORD_KEYS", "EvalSettings", "ModelSpec", "check_local_data",
-           "check_model_path", "embed", "mean_pool", "run_eval", "summary_table"]
+__all__ = ["COST_KEYS", "LONG_CONTEXT_KEYS", "PRESS_KEYS", "RECORD_KEYS", "EvalSettings", "ModelSpec",
+           "check_local_data", "check_model_path", "check_press", "embed", "mean_pool", "run_eval", "summary_table"]
 
 
 @dataclasses.dataclass
@@ -109,10 +111,42 @@ class EvalSettings:
     seed: int = 0  # --seed: of the long-context prompts
     output: str | os.PathLike | None = None  # --output: the JSONL file each record is appended to
     plot_dir: str | os.PathLike | None = None  # --plot-dir: long-context heat maps and loss curves
+    press: str | None = None  # --press: a KV-cache press (evaluation.presses.PRESSES) on the softmax model
+    compression: float | None = None  # --compression: the share of the context's K/V pairs the press removes
+    press_bytes: int | None = None  # --press-bytes: instead, the K/V bytes to leave after each prompt's context
 
     def task_options(self) -> EvalOptions:
-        """The options the tasks read (every field but ``output`` and ``plot_dir``)."""
+        """The options the tasks read (every field but ``output``, ``plot_dir`` and the press's)."""
         return EvalOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EvalOptions)})
+
+
+def check_press(settings: EvalSettings, tasks: list[EvalTask], spec: ModelSpec | None = None) -> None:
+    """Before any model loads: ``--press NAME`` with one of ``--compression R`` (in [0, 1)) and ``--press-bytes B``
+    (>= 1), on long-context tasks that ask a question, on the model without ``--kernel``/``--param``/``--layers``;
+    ValueError naming what is wrong (an unknown press: the valid names), then ImportError with the install line
+    when kvpress is missing. Nothing without ``--press`` (then ``--compression``/``--press-bytes`` are refused)."""
+    ratio, target = settings.compression, settings.press_bytes
+    if settings.press is None:
+        if ratio is not None or target is not None:
+            raise ValueError("--compression and --press-bytes go with --press NAME")
+        return
+    PRESSES.get(settings.press)  # UnknownNameError (a ValueError) listing the presses
+    if (ratio is None) == (target is None):
+        raise ValueError("--press needs one of --compression R (the share of each context's K/V pairs the press "
+                         "removes) and --press-bytes B (the K/V bytes to leave after each context)")
+    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1):
+        raise ValueError(f"--compression must be in [0, 1), got {ratio!r}")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, int) or target < 1):
+        raise ValueError(f"--press-bytes must be an integer >= 1, got {target!r}")
+    bad = [t.name for t in tasks if not (isinstance(t, LongContextEvalTask) and t.takes_press)]
+    if bad:
+        able = [t.name for t in LONG_CONTEXT_TASKS if t.takes_press]
+        raise ValueError(f"--press runs the long-context tasks that ask a question after a context ({able}), "
+                         f"not {bad}")
+    if spec is not None and (spec.kernel is not None or spec.params or spec.layers is not None):
+        raise ValueError("--press runs on the unconverted softmax model (a press compresses its K/V cache): drop "
+                         "--kernel, --param and --layers")
+    require_kvpress()
 
 
 def run_eval(spec: ModelSpec, tasks: list[str], settings: EvalSettings | None = None, *,
@@ -138,6 +172,7 @@ def run_eval(spec: ModelSpec, tasks: list[str], settings: EvalSettings | None = 
         raise FileNotFoundError(f"--data-dir {str(data_dir)!r} is not a folder")
     if data_dir is not None:
         check_local_data(tasks, split, data_dir)
+    check_press(settings, objs, spec)
     records: list[dict[str, Any]] = []
     loaded: dict[str, Any] = {} if models is None else models
     for obj in objs:
@@ -147,8 +182,14 @@ def run_eval(spec: ModelSpec, tasks: list[str], settings: EvalSettings | None = 
             loaded[kind] = spec.load(kind)
         model, tok = loaded[kind]
         try:
-            new = obj.run(EvalRun.of(options, task=obj.name, model=model, tokenizer=tok,
-                                     describe=lambda model=model: spec.describe(model)))
+            run = EvalRun.of(options, task=obj.name, model=model, tokenizer=tok,
+                             describe=lambda model=model: spec.describe(model))
+            if settings.press is not None and isinstance(obj, LongContextEvalTask):  # check_press: every task is
+                with PressRunner(model, settings.press, settings.compression,  # one, with a question
+                                 target_bytes=settings.press_bytes) as press:
+                    new = obj.run_with_press(run, press)
+            else:
+                new = obj.run(run)
         except BaseException:
             loaded.clear()
             raise
@@ -170,6 +211,7 @@ def summary_table(records: list[dict[str, Any]]) -> str:
         se = "" if r["stderr"] is None else f"{r['stderr']:.4g}"
         length = "" if r.get("length") is None else str(r["length"])
         depth = "" if r.get("depth") is None else f"{r['depth']:g}"
-        lines.append(f"{r['task']:16s} {r['split']:10s} {r['kernel']:10s} {r['metric']:22s} {length:>6s} {depth:>5s} "
+        kernel = r["kernel"] if r.get("press") is None else f"{r['kernel']}+{r['press']}"
+        lines.append(f"{r['task']:16s} {r['split']:10s} {kernel:10s} {r['metric']:22s} {length:>6s} {depth:>5s} "
                      f"{r['value']:10.4f} {se:>8s} {r['n']:7d}")
     return "\n".join(lines)

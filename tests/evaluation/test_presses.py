@@ -1,17 +1,26 @@
 """KV-cache press baselines (hf_kernel_attn.evaluation.presses): the byte arithmetic and the project's own score
-everywhere; with kvpress installed (it pins transformers<5.3, so usually a separate environment), on SmolLM2: a
-press at ratio 0.5 halves the cache after the context, a byte target lands on its bytes, and the runner's greedy
-answer equals kvpress's own ``kv-press-text-generation`` pipeline on the same prompt."""
+everywhere, and ``eval --press``'s flags and refusals (kvpress missing included); with kvpress installed (it pins
+transformers<5.3, so usually a separate environment: scripts/setup.sh --press), on SmolLM2: a press at ratio 0.5
+halves the cache after the context, a byte target lands on its bytes, the runner's greedy answer equals kvpress's
+own ``kv-press-text-generation`` pipeline on the same prompt, and ``eval --press`` on passkey reports those bytes
+and scores the pipeline's answers."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import statistics
 
 import pytest
 import torch
-from transformers import LlamaConfig
+from transformers import LlamaConfig, LlamaForCausalLM
 
+import hf_kernel_attn
+from hf_kernel_attn.cli import build_parser, main
 from hf_kernel_attn.evaluation import presses
+from hf_kernel_attn.evaluation.long_context import TASKS
+from hf_kernel_attn.evaluation.long_context.base import exact_match, first_number
+from hf_kernel_attn.evaluation.long_context.runner import LongContextGrid, bos_ids, press_answers, run_long_context
 from hf_kernel_attn.evaluation.presses import (
     kv_bytes_per_token,
     make_press,
@@ -20,6 +29,8 @@ from hf_kernel_attn.evaluation.presses import (
     recall_error_scores,
     require_kvpress,
 )
+from hf_kernel_attn.evaluation.runner import EvalSettings, ModelSpec, check_press, run_eval
+from hf_kernel_attn.evaluation.tasks import get_tasks
 
 
 def _kvpress_usable() -> bool:
@@ -63,9 +74,9 @@ def test_bytes_per_token_and_the_ratio_that_lands_on_a_byte_target():
 def test_a_missing_kvpress_names_the_install_and_the_transformers_pin(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "kvpress" else real(name, *a))
-    with pytest.raises(ImportError, match=r"pip install kvpress.*transformers.*5\.3"):
+    with pytest.raises(ImportError, match=r"pip install 'hf_kernel_attn\[press\]'.*transformers.*5\.3"):
         require_kvpress()
-    with pytest.raises(ImportError, match="pip install kvpress"):
+    with pytest.raises(ImportError, match=r"hf_kernel_attn\[press\]"):
         make_press("snapkv", 0.5)
 
 
@@ -90,6 +101,75 @@ def test_the_sparse_cache_score_keeps_sinks_and_window_and_ranks_a_lone_pair_fir
     middle = scores[..., 4:32]
     assert (middle.argmax(-1) == 16).all() and (middle < top).all()
     assert torch.isfinite(recall_error_scores(keys[:, :, :10], values[:, :, :10], n_sink=4, window=8)).all()
+
+
+# ------------------------------------------------------------------------------- eval --press, without kvpress
+def _settings(**kw) -> EvalSettings:
+    return EvalSettings(lengths=[256], depths=[50], samples=1, **kw)
+
+
+def _no_kvpress(monkeypatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "kvpress" else real(name, *a))
+
+
+def test_eval_press_flags_parse():
+    base = ["eval", "--model", "m", "--tasks", "passkey", "--press", "snapkv"]
+    args = build_parser().parse_args([*base, "--compression", "0.25"])
+    assert (args.press, args.compression, args.press_bytes) == ("snapkv", 0.25, None)
+    args = build_parser().parse_args([*base, "--press-bytes", "1048576"])
+    assert (args.compression, args.press_bytes) == (None, 1048576)
+    args = build_parser().parse_args(["eval", "--model", "m", "--tasks", "passkey"])
+    assert (args.press, args.compression, args.press_bytes) == (None, None, None)
+    with pytest.raises(SystemExit):  # one of the two
+        build_parser().parse_args([*base, "--compression", "0.5", "--press-bytes", "100"])
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"press": "no_such_press", "compression": 0.5}, r"no_such_press.*snapkv.*streaming_llm"),
+    ({"press": "snapkv", "compression": 1.0}, r"--compression must be in \[0, 1\), got 1\.0"),
+    ({"press": "snapkv", "compression": -0.1}, r"--compression must be in \[0, 1\)"),
+    ({"press": "snapkv"}, "one of --compression R"),
+    ({"press": "snapkv", "compression": 0.5, "press_bytes": 10}, "one of --compression R"),
+    ({"press": "snapkv", "press_bytes": 0}, "--press-bytes must be an integer >= 1"),
+    ({"compression": 0.5}, "go with --press NAME"),
+    ({"press_bytes": 100}, "go with --press NAME"),
+])
+def test_bad_press_settings_are_refused_before_a_model_loads(kw, match):
+    with pytest.raises(ValueError, match=match):
+        check_press(_settings(**kw), get_tasks(["passkey"]), ModelSpec("m"))
+    with pytest.raises(ValueError, match=match):  # before loading: this model does not exist
+        run_eval(ModelSpec("no/such-model-here"), ["passkey"], _settings(**kw))
+
+
+@pytest.mark.parametrize("tasks", [["wikitext2"], ["position_loss"], ["passkey", "wikitext2"]])
+def test_a_press_runs_only_the_long_context_tasks_that_ask_a_question(tasks):
+    with pytest.raises(ValueError, match=r"--press runs the long-context tasks .*'passkey', 'niah', 'kv_recall'"):
+        check_press(_settings(press="snapkv", compression=0.5), get_tasks(tasks))
+
+
+def test_a_press_is_refused_on_a_kernel_model():
+    settings = _settings(press="snapkv", compression=0.5)
+    for spec in (ModelSpec("m", kernel="hedgehog"), ModelSpec("m", params={"window": 8})):
+        with pytest.raises(ValueError, match="unconverted softmax model"):
+            check_press(settings, get_tasks(["passkey"]), spec)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    hf_kernel_attn.patch(model, kernel="hedgehog")
+    with pytest.raises(ValueError, match="unconverted softmax model; this model has the 'hedgehog' kernel attached"):
+        press_runner(model, "snapkv", 0.5)
+
+
+def test_eval_press_without_kvpress_prints_the_install_line(monkeypatch, capsys, smollm2_dir):
+    _no_kvpress(monkeypatch)
+    argv = ["eval", "--model", str(smollm2_dir), "--tasks", "passkey", "--lengths", "256", "--press", "snapkv"]
+    assert main([*argv, "--compression", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "pip install 'hf_kernel_attn[press]'" in err and "transformers" in err
+    assert main([*argv[:-1], "nope", "--compression", "0.5"]) == 2  # the name is checked first
+    assert "streaming_llm" in capsys.readouterr().err
+    with pytest.raises(ImportError, match=r"hf_kernel_attn\[press\]"):
+        check_press(_settings(press="snapkv", compression=0.5), get_tasks(["passkey"]))
 
 
 # ------------------------------------------------------------------------------------------- with kvpress
@@ -162,3 +242,65 @@ def test_the_runner_answers_as_kvpress_own_pipeline(name, smollm2, smollm2_tok, 
     with press_runner(smollm2, name, 0.5) as run:
         out = run.generate(context, question, max_new_tokens=12)
     assert smollm2_tok.decode(out.tokens, skip_special_tokens=True) == expected
+
+
+def _cell(tokenizer, task: str, length: int, samples: int):
+    """The prompts ``eval`` builds for one (length, depth 50) cell, seed 0."""
+    encode = lambda text: tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
+    return TASKS[task].samples(encode, length, 50, samples, 0, bos=bos_ids(tokenizer))
+
+
+@needs_kvpress
+@pytest.mark.real_model
+@pytest.mark.slow(60)
+def test_eval_press_on_passkey_halves_the_bytes_and_scores_kvpress_own_answers(smollm2_dir, smollm2, smollm2_tok,
+                                                                                prompt, tmp_path):
+    """``eval --press snapkv --compression 0.5`` on passkey: the record's cache bytes after the context are half a
+    full cache's (up to kvpress's floor), and its score is that of kvpress's own pipeline's answers (its forward
+    on the same context and question ids), which the runner's answers equal token for token."""
+    pipe, ratio, out = prompt[0], 0.5, tmp_path / "press.jsonl"
+    assert main(["eval", "--model", str(smollm2_dir), "--tasks", "passkey", "--lengths", "256", "--depths", "50",
+                 "--samples", "2", "--press", "snapkv", "--compression", str(ratio), "--output", str(out)]) == 0
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (rec["kernel"], rec["press"], rec["compression"], rec["press_bytes"]) == ("softmax", "snapkv", ratio, None)
+    cell = _cell(smollm2_tok, "passkey", 256, 2)
+    per = kv_bytes_per_token(smollm2.config, smollm2.dtype)
+    for s in cell:
+        assert _full_bytes(smollm2, torch.tensor(s.ids[:s.question_start])) == s.question_start * per
+    full = statistics.fmean(s.question_start * per for s in cell)
+    assert rec["cache_bytes"] == round(statistics.fmean(int(s.question_start * (1 - ratio)) * per for s in cell))
+    assert abs(rec["cache_bytes"] / full - (1 - ratio)) <= 1 / min(s.question_start for s in cell)
+    new_tokens = TASKS["passkey"].answer_digits + 4
+    expected = [pipe.forward({"context_ids": torch.tensor([s.ids[:s.question_start]]),
+                              "questions_ids": [torch.tensor([s.ids[s.question_start:]])]},
+                             press=make_press("snapkv", ratio), max_new_tokens=new_tokens)[0] for s in cell]
+    with press_runner(smollm2, "snapkv", ratio) as run:
+        got = [smollm2_tok.decode(r.tokens, skip_special_tokens=True) for r in press_answers(run, cell, new_tokens)]
+    assert got == expected
+    scores = [exact_match(first_number(a), s.answers[0]) for a, s in zip(expected, cell, strict=True)]
+    assert rec["value"] == 100 * sum(scores) / len(scores) and rec["n"] == 2
+
+
+@needs_kvpress
+@pytest.mark.real_model
+@pytest.mark.slow(20)
+def test_teacher_forced_queries_after_a_press(smollm2, smollm2_tok):
+    """kv_recall with a press: ratio 0 predicts every query token as the whole prompt's forward does; a byte
+    target leaves those bytes after the context."""
+    grid = LongContextGrid([256], [50], 1, 0)
+    (s,) = _cell(smollm2_tok, "kv_recall", 256, 1)
+    start = s.question_start
+    with press_runner(smollm2, "streaming_llm", 0.0) as run:
+        _, pred = run.predict(s.ids[:start], s.ids[start:])
+        pressed = run_long_context(smollm2, smollm2_tok, "kv_recall", grid, press=run)
+    with torch.no_grad():
+        whole = smollm2(input_ids=torch.tensor([s.ids])).logits[0, start:].argmax(-1)
+    assert torch.equal(pred, whole)
+    plain = run_long_context(smollm2, smollm2_tok, "kv_recall", grid)
+    assert [(r["metric"], r["value"]) for r in pressed] == [(r["metric"], r["value"]) for r in plain]
+    per = kv_bytes_per_token(smollm2.config, smollm2.dtype)
+    assert pressed[0]["cache_bytes"] == start * per and pressed[0]["compression"] == 0.0
+    with press_runner(smollm2, "sparse_cache", target_bytes=100 * per) as run:
+        (rec, *_) = run_long_context(smollm2, smollm2_tok, "kv_recall", grid, press=run)
+    assert rec["cache_bytes"] == 100 * per and rec["press_bytes"] == 100 * per
+    assert rec["compression"] == ratio_for_bytes(100 * per, smollm2.config, start, dtype=smollm2.dtype)

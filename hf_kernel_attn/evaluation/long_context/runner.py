@@ -1,5 +1,7 @@
 """Scoring the long-context tasks on a causal LM: greedy generation (``generate`` tasks), teacher-forced
-queries (``teacher``) and per-position loss (``loss``). One result per (metric, length, depth) cell."""
+queries (``teacher``) and per-position loss (``loss``). One result per (metric, length, depth) cell. With a
+KV-cache press (:mod:`hf_kernel_attn.evaluation.presses`, on the unconverted softmax model), each prompt's context
+is compressed before its question (:func:`score_with_press`); the prompts and scores are the task's own."""
 
 from __future__ import annotations
 
@@ -15,8 +17,18 @@ from transformers.generation.streamers import BaseStreamer
 
 from ...integration.cache import cache_bytes, new_cache
 from ..families.text import read_text_task
+from ..presses import PressResult, PressRunner
 from ..task import accuracy_stderr
-from .base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES, TASKS, Sample, exact_match, first_number
+from .base import (
+    DEFAULT_DEPTHS,
+    DEFAULT_LENGTHS,
+    DEFAULT_SAMPLES,
+    TASKS,
+    LongContextTask,
+    Sample,
+    exact_match,
+    first_number,
+)
 from .filler import TokenizedText
 from .position_loss import buckets
 
@@ -128,6 +140,80 @@ def token_losses(model, ids: list[int]) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="none")
 
 
+def _score_cell(model, tokenizer, spec, metric: str, cell: list[Sample],
+                cost: dict[str, Any]) -> dict[str, list[bool]]:
+    """The cell's scores per metric, without a press; the decode steps' cost is added to ``cost``."""
+    if spec.kind == "generate":
+        steps: list[float] = []
+        scores = {metric: _generate_scores(model, tokenizer, cell, spec.answer_digits + 4, steps)}
+        cost["decode_ms_per_token"] = 1e3 * statistics.median(steps) if steps else None
+        cost["decode_batch"] = len(_batches(cell)[0])
+        return scores
+    per_query = _teacher_scores(model, cell)
+    return {spec.metrics[0]: [q[0] for q in per_query], spec.metrics[1]: [ok for q in per_query for ok in q]}
+
+
+# ------------------------------------------------------------------------------------ with a KV-cache press
+def _question_start(sample: Sample) -> int:
+    if sample.question_start is None:
+        raise ValueError("a press needs to know where each prompt's question starts (Sample.question_start); "
+                         "this task's samples do not say")
+    return sample.question_start
+
+
+def press_answers(runner: PressRunner, cell: list[Sample], max_new_tokens: int) -> list[PressResult]:
+    """Each prompt's context compressed by the press, then its question answered greedily."""
+    return [runner.generate_prompt(s.ids, _question_start(s), max_new_tokens=max_new_tokens) for s in cell]
+
+
+def _press_generate_scores(runner: PressRunner, tokenizer, cell: list[Sample],
+                           max_new_tokens: int) -> tuple[list[bool], list[PressResult]]:
+    results = press_answers(runner, cell, max_new_tokens)
+    correct = [exact_match(first_number(tokenizer.decode(r.tokens, skip_special_tokens=True)), s.answers[0])
+               for s, r in zip(cell, results, strict=True)]
+    return correct, results
+
+
+def _press_teacher_scores(runner: PressRunner, cell: list[Sample]) -> tuple[list[list[bool]], list[PressResult]]:
+    """Per prompt, per query span: every answer token is the argmax given the gold tokens before it, with the
+    context before ``question_start`` compressed."""
+    out, results = [], []
+    for s in cell:
+        start = _question_start(s)
+        result, pred = runner.predict(s.ids[:start], s.ids[start:])
+        gold = torch.tensor(s.ids)
+        pred = pred.cpu()  # pred[i]: the token after ids[start + i]
+        out.append([bool((pred[a - 1 - start:b - 1 - start] == gold[a:b]).all()) for a, b in s.extra["answer_spans"]])
+        results.append(result)
+    return out, results
+
+
+def press_cost(runner: PressRunner, results: list[PressResult]) -> dict[str, Any]:
+    """What a cell cost with the press: ``cache_bytes``, the K/V bytes left after the context (mean over the
+    cell's prompts), the ``press``, the ``compression`` ratio used (mean: with a byte target each prompt gets its
+    own) and the byte target ``press_bytes`` (None with a fixed ratio)."""
+    return {"cache_bytes": round(statistics.fmean(r.cache_bytes for r in results)), "press": runner.name,
+            "compression": statistics.fmean(r.compression_ratio for r in results),
+            "press_bytes": runner.target_bytes}
+
+
+def score_with_press(runner: PressRunner, tokenizer, spec: LongContextTask, metric: str,
+                     cell: list[Sample]) -> tuple[dict[str, list[bool]], dict[str, Any]]:
+    """The cell's scores per metric, each prompt split at its ``question_start``: the context before it prefilled
+    under the press, then the question asked after the compressed context as kvpress's ``kv-press-text-generation``
+    pipeline asks it: a greedy answer (``generate`` tasks, scored as without a press) or one teacher-forced pass
+    over the queries (``teacher`` tasks); and what the cell cost (:func:`press_cost`)."""
+    if spec.kind == "generate":
+        correct, results = _press_generate_scores(runner, tokenizer, cell, spec.answer_digits + 4)
+        return {metric: correct}, press_cost(runner, results)
+    if spec.kind == "teacher":
+        per_query, results = _press_teacher_scores(runner, cell)
+        return ({spec.metrics[0]: [q[0] for q in per_query], spec.metrics[1]: [ok for q in per_query for ok in q]},
+                press_cost(runner, results))
+    raise ValueError(f"a press cannot run {spec.name!r}: it has no question to ask after a compressed context "
+                     "(presses run the generate and teacher-forced tasks: passkey, niah, kv_recall)")
+
+
 @dataclasses.dataclass(frozen=True)
 class LongContextGrid:
     """The cells a long-context task is scored on (every length × depth) and the prompts of each cell."""
@@ -143,14 +229,17 @@ class LongContextGrid:
 
 
 def run_long_context(model, tokenizer, task: str, grid: LongContextGrid | None = None, *, text: str | None = None,
-                     progress=None) -> list[dict[str, Any]]:
+                     progress=None, press: PressRunner | None = None) -> list[dict[str, Any]]:
     """Score ``task`` on every (length, depth) cell of ``grid`` (default: :class:`LongContextGrid`'s defaults);
     returns ``[{"metric", "value", "stderr", "n", "length", "depth", "seconds", "cache_bytes", ...}]``
     (position_loss: one per position bucket, ``length`` = the bucket's end, ``depth`` None, plus
     ``position_start``). Every recall cell carries what it cost: ``cache_bytes``, the decode cache after one
     prompt of the cell (one sequence, measured by a separate prefill of the cell's first prompt), and for
     generated answers ``decode_ms_per_token``, the median decode step while answering, with ``decode_batch``
-    sequences per step. ``text``: the natural filler text of the tasks that need one."""
+    sequences per step. ``text``: the natural filler text of the tasks that need one. ``press``: a
+    :class:`~hf_kernel_attn.evaluation.presses.PressRunner` on ``model`` (the unconverted softmax model): each
+    prompt's context is compressed by it before its question (:func:`score_with_press`); the cells then carry ``press``,
+    ``compression``, ``press_bytes`` and ``cache_bytes``, the K/V bytes after the context (mean over the cell)."""
     grid = grid or LongContextGrid()
     lengths, depths, samples, seed = grid.lengths, grid.depths, grid.samples, grid.seed
     if task not in TASKS:
@@ -163,6 +252,9 @@ def run_long_context(model, tokenizer, task: str, grid: LongContextGrid | None =
         if text is None:
             raise ValueError(f"{task} needs natural filler text (--data-dir with {TEXT_TASK})")
         natural = TokenizedText(tokenizer, text)
+    if press is not None and spec.kind == "loss":
+        raise ValueError(f"a press cannot run {task!r}: it scores every position of one text, with no question to "
+                         "ask after a compressed context")
     results = []
     if spec.kind == "loss":
         start = time.perf_counter()
@@ -182,17 +274,14 @@ def run_long_context(model, tokenizer, task: str, grid: LongContextGrid | None =
             for depth in depths:
                 kwargs = {"text_ids": natural} if natural else {}  # niah reads its sentence starts
                 cell = spec.samples(encode, length, depth, samples, seed, metric=metric, bos=bos, **kwargs)
-                cost: dict[str, Any] = {"cache_bytes": prompt_cache_bytes(model, cell[0].ids)}
-                start = time.perf_counter()  # the scoring alone
-                if spec.kind == "generate":
-                    steps: list[float] = []
-                    scores = {metric: _generate_scores(model, tokenizer, cell, spec.answer_digits + 4, steps)}
-                    cost["decode_ms_per_token"] = 1e3 * statistics.median(steps) if steps else None
-                    cost["decode_batch"] = len(_batches(cell)[0])
+                cost: dict[str, Any]
+                if press is not None:
+                    start = time.perf_counter()
+                    scores, cost = score_with_press(press, tokenizer, spec, metric, cell)
                 else:
-                    per_query = _teacher_scores(model, cell)
-                    scores = {spec.metrics[0]: [q[0] for q in per_query],
-                              spec.metrics[1]: [ok for q in per_query for ok in q]}
+                    cost = {"cache_bytes": prompt_cache_bytes(model, cell[0].ids)}
+                    start = time.perf_counter()  # the scoring alone
+                    scores = _score_cell(model, tokenizer, spec, metric, cell, cost)
                 secs = time.perf_counter() - start
                 for name, correct in scores.items():
                     results.append({"metric": name, "value": 100 * sum(correct) / len(correct),
