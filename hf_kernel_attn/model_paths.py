@@ -328,17 +328,23 @@ def _held_transformers_output() -> Iterator[list[_HeldRecords]]:
     holds = [_HeldRecords(handler) for handler in logging.getLogger("transformers").handlers]
     for hold in holds:
         hold.handler.addFilter(hold)
-    set_hook = getattr(sys.modules.get("transformers.utils.logging"), "set_tqdm_hook", None)
-    if _stderr_is_terminal():
-        set_hook = None
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    quiet = hf_logging is not None and not _stderr_is_terminal()
+    set_hook = getattr(hf_logging, "set_tqdm_hook", None) if quiet else None
+    # transformers without set_tqdm_hook (before 5.4): its global switch, put back as it was
+    switch_off = quiet and set_hook is None and getattr(hf_logging, "is_progress_bar_enabled", lambda: False)()
     if set_hook is not None:
         previous = set_hook(None)
         set_hook(_quiet_bars(previous))
+    if switch_off:
+        hf_logging.disable_progress_bar()
     try:
         yield holds
     finally:
         if set_hook is not None:
             set_hook(previous)
+        if switch_off:
+            hf_logging.enable_progress_bar()
         for hold in holds:
             hold.handler.removeFilter(hold)
             for record in hold.records:
