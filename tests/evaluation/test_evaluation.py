@@ -175,9 +175,11 @@ def test_our_lm_eval_model_equals_stock_hf(smollm2_dir, tmp_path):
 
 
 def test_eval_settings_carry_every_task_option():
-    """The settings of `run_eval` are the tasks' options plus where the records and plots go."""
+    """The settings of `run_eval` are the tasks' options plus where the records and plots go and the KV-cache
+    press (run_eval runs it, the tasks do not read it)."""
     settings = {f.name for f in dataclasses.fields(EvalSettings)}
-    assert settings - {f.name for f in dataclasses.fields(EvalOptions)} == {"output", "plot_dir"}
+    assert settings - {f.name for f in dataclasses.fields(EvalOptions)} == {
+        "output", "plot_dir", "press", "compression", "press_bytes"}
     assert EvalSettings().task_options() == EvalOptions()
     assert EvalSettings(limit=3, seed=7, output="r.jsonl").task_options() == EvalOptions(limit=3, seed=7)
     with pytest.raises(dataclasses.FrozenInstanceError):
