@@ -29,6 +29,7 @@ from ..kernels import KERNELS, SOFTMAX, is_softmax
 from .kernel_bench import (
     MAX_LEN_LINEAR,
     MAX_LEN_QUADRATIC,
+    SuiteSettings,
     format_machine,
     format_table,
     machine_info,
@@ -160,12 +161,13 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         else:
             print(f"{row['kernel']:10s} {mode:6s} N={row['n']:<6d} {row['status']}: {row['reason']}", flush=True)
 
-    rows = run_suite(
-        args.kernels, args.lengths, causal_modes=modes, backward=args.backward, batch=args.batch, heads=args.heads,
-        kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype, repeats=args.repeats,
-        warmup=args.warmup, device=args.device, threads=threads, params=args.params,
-        max_len_quadratic=args.max_len_quadratic, max_len_linear=args.max_len_linear, progress=progress,
+    settings = SuiteSettings(
+        causal_modes=modes, backward=args.backward, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
+        head_dim=args.head_dim, dtype=args.dtype, repeats=args.repeats, warmup=args.warmup, device=args.device,
+        threads=threads, params=args.params, max_len_quadratic=args.max_len_quadratic,
+        max_len_linear=args.max_len_linear,
     )
+    rows = run_suite(args.kernels, args.lengths, settings, progress=progress)
     print()
     print(format_table(rows, peak))
     if args.output:

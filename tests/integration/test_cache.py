@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -9,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache, RecurrentStateLayer
 from hf_kernel_attn.kernels import KERNELS
+from hf_kernel_attn.kernels.linear import PastKeys
 from tests.compat import cache_arg
 
 LINEAR = sorted(n for n, c in KERNELS.items() if c.is_linear)
@@ -215,9 +218,10 @@ def test_cosformer_small_horizon_prefill_and_decode_offsets():
     orig = kernel_cls.forward_with_state
 
     def spy(self, q, k, v, **kwargs):
-        seen.append((self.shape.layer_idx, kwargs.get("offset", 0), q.shape[-2]))
-        if kwargs.get("offset"):
-            kwargs["offset"] += shift[0]
+        past = kwargs.get("past") or PastKeys()
+        seen.append((self.shape.layer_idx, past.offset, q.shape[-2]))
+        if past.offset:
+            kwargs["past"] = dataclasses.replace(past, offset=past.offset + shift[0])
         return orig(self, q, k, v, **kwargs)
 
     def cached_generate():
