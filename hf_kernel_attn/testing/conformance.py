@@ -10,12 +10,16 @@ with the visibility of the kernel contract (bottom-right causal, key padding). F
 
     out_i = (Σ_{j∈win(i)} e^{s q_i·k_j} v_j + Σ_{j∉win(i)} κ_ij v_j) / (Σ_{j∈win(i)} e^{s q_i·k_j} + Σ_{j∉win(i)} κ_ij)
 
-(LoLCATs, Zhang et al. ICLR 2025). A kernel whose output is not of the form Σ κ v / Σ κ (a recurrence, as the delta
+(LoLCATs, Zhang et al. ICLR 2025), with λ_h κ_ij for a learnable mix, and with the ``sinks`` and the bounded
+``sparse_cache`` (and ``softmax_heads``) the kernel's options have: win(i) ∪ sinks ∪ cache(i) in the softmax part
+(:mod:`.sparse_reference`, the definition evaluated directly). Options a 17-token sequence would not reach are
+checked as they are and at kit size (:data:`KIT_HYBRID`); with a sparse cache a bidirectional call must raise the
+documented ``ValueError``. A kernel whose output is not of the form Σ κ v / Σ κ (a recurrence, as the delta
 rule's memory) defines ``Kernel.reference``, its definition evaluated directly, and that is the brute force instead.
-Forms: causal and bidirectional, key padding, GQA and MHA, an odd head
-dimension, lengths around the chunk size, decoding (from the recurrent state, or N < M queries for kernels
-without one) = recomputation, gradients of q, k, v and the kernel's parameters, and bf16 / fp16 inputs under
-autocast (finite, in the input dtype, near fp32). A failure raises ``AssertionError`` naming the kernel, the
+Forms: causal and bidirectional, key padding, GQA and MHA, an odd head dimension, lengths around the chunk size,
+decoding (from the recurrent state, or N < M queries for kernels without one; and on the packed layout, for a
+hybrid that decodes on it) = recomputation, gradients of q, k, v and the kernel's parameters, and bf16 / fp16 inputs
+under autocast (finite, in the input dtype, near fp32). A failure raises ``AssertionError`` naming the kernel, the
 form and the error.
 """
 
@@ -31,10 +35,14 @@ import torch
 from ..kernels import Kernel, LayerShape, kernel_class
 from ..kernels.base import make_options
 from ..kernels.linear.state import PastKeys
+from .sparse_reference import hybrid_reference
 
 SHAPES = ((4, 2, 16), (3, 3, 7))  # (query heads, KV heads, head dim): GQA, and MHA with an odd head dim
 CHUNK = 8  # feature-map kernels run with chunk_size = 8, so lengths 7, 8, 9, 17 cross chunk boundaries
 WINDOW = 5
+# the hybrid at kit size (N ≤ 17): sinks leave the window, pairs are cached from position 12 on, boundaries at 4,
+# 8, 12, 16 fall inside a prefill, a 3-token chunk and single decode steps
+KIT_HYBRID = {"window": WINDOW, "sinks": 2, "sparse_cache": 3, "sparse_block": 4}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,34 +90,20 @@ def brute_force(kernel: Kernel, q, k, v, key_mask=None, causal=True, scaling=Non
     b, hq, n, d = q.shape
     m = k.shape[-2]
     scaling = d ** -0.5 if scaling is None else scaling
+    if kernel.is_linear and getattr(kernel.options, "window", 0):  # the hybrid: window, sinks, sparse cache, λ
+        return hybrid_reference(kernel, q, k, v, key_mask, causal, scaling).to(q.dtype)
     vis = _visible(b, n, m, causal, key_mask)
-    window = getattr(kernel.options, "window", 0) if kernel.is_linear else 0
-    if window:
-        i = torch.arange(n)[:, None] + (m - n)
-        j = torch.arange(m)[None, :]
-        near = (i - j < window) if causal else ((i - j).abs() < window)
-        logits = scaling * q @ k.repeat_interleave(hq // k.shape[1], 1).transpose(-1, -2)
-        kappa = kernel.scores(q, k, scaling)
-        log_mix = getattr(kernel, "window_log_mix", None)
-        if log_mix is not None:
-            kappa = kappa * log_mix.exp()[None, :, None, None]
-        # one shift c_i (the largest visible window logit, at least 0) on both parts cancels exactly
-        shift = logits.masked_fill(~(vis & near), float("-inf")).amax(-1, keepdim=True).clamp_min(0)
-        weights = torch.where(near, (logits - shift).exp(), kappa * (-shift).exp())
-    elif kernel.is_linear:  # Σ κ v / max(Σ κ, eps), as the feature-map kernels normalise
+    values = v.repeat_interleave(hq // v.shape[1], 1)
+    if kernel.is_linear:  # Σ κ v / max(Σ κ, eps), as the feature-map kernels normalise
         weights = kernel.scores(q, k, scaling) * vis
         den = weights.sum(-1, keepdim=True).clamp_min(kernel.options.eps)
-        values = v.repeat_interleave(hq // v.shape[1], 1)
         return ((weights @ values) / den).transpose(1, 2)
-    else:
-        log_kappa = kernel.log_scores(q, k, scaling)
-        shift = log_kappa.masked_fill(~vis, float("-inf")).amax(-1, keepdim=True)
-        shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
-        weights = (log_kappa - shift).exp()
-    weights = weights * vis
+    log_kappa = kernel.log_scores(q, k, scaling)
+    shift = log_kappa.masked_fill(~vis, float("-inf")).amax(-1, keepdim=True)
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+    weights = (log_kappa - shift).exp() * vis
     den = weights.sum(-1, keepdim=True)
     den = torch.where(den > 0, den, torch.ones_like(den))
-    values = v.repeat_interleave(hq // v.shape[1], 1)
     return ((weights @ values) / den).transpose(1, 2)
 
 
@@ -171,20 +165,19 @@ def check_kernel(kernel: str | type[Kernel], params: dict[str, Any] | None = Non
     option_names = {f.name for f in dataclasses.fields(cls.options_cls)}
     if "chunk_size" in option_names:
         params.setdefault("chunk_size", CHUNK)
-    variants = [dict(params)]
-    if cls.is_linear and not params.get("window"):
-        variants.append({**params, "window": WINDOW})
     modes = [c for c, ok in ((True, cls.supports_causal), (False, cls.supports_bidirectional)) if ok]
     errors: dict[str, float] = {}
-    for variant in variants:
-        tag = f"window={variant['window']} " if variant.get("window") else ""
+    for variant in _variants(cls, params):
         for layer, (hq, hkv, d) in enumerate(SHAPES):
             shape = LayerShape(hq, hkv, d, layer_idx=layer, max_positions=64)
             kern = _build(cls, shape, variant).eval()
             kern64 = copy.deepcopy(kern).double()
-            where = f"{tag}Hq={hq} Hkv={hkv} D={d}"
+            where = f"{_tag(kern.options)}Hq={hq} Hkv={hkv} D={d}"
             layer_check = CheckedLayer(name, hq, hkv, d, seed, atol, rtol, where)
-            for causal in modes:
+            causal_only = bool(getattr(kern.options, "sparse_cache", 0))  # the cache refuses bidirectional calls
+            if causal_only and False in modes:
+                _check_refused(layer_check, kern64, errors)
+            for causal in (c for c in modes if c or not causal_only):
                 mode = _mode(causal)
                 for n in (7, 8, 9, 17):
                     for padded in (False, True):
@@ -200,7 +193,49 @@ def check_kernel(kernel: str | type[Kernel], params: dict[str, Any] | None = Non
                 _check_low_precision(layer_check, kern, causal, errors)
             if True in modes:
                 _check_decoding(layer_check, kern64, errors)
+                _check_packed_decoding(layer_check, kern64, errors)
     return errors
+
+
+def _variants(cls: type[Kernel], params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The option sets checked: ``params``; for a feature-map kernel without a window also its ``window=5`` hybrid,
+    and for one whose sinks or sparse cache a 17-token sequence would not reach, the same features at kit size
+    (:data:`KIT_HYBRID`: each value at most that, so that sinks leave the window and cached pairs are chosen)."""
+    variants = [dict(params)]
+    if not cls.is_linear:
+        return variants
+    opts = make_options(cls.options_cls, cls.name, params)
+    if not getattr(opts, "window", 0):
+        variants.append({**params, "window": WINDOW})
+    elif getattr(opts, "sinks", 0) or getattr(opts, "sparse_cache", 0):
+        on = {"window": True, "sinks": opts.sinks, "sparse_cache": opts.sparse_cache,
+              "sparse_block": opts.sparse_cache}
+        small = {key: min(getattr(opts, key), size) for key, size in KIT_HYBRID.items() if on[key]}
+        if any(small[key] != getattr(opts, key) for key in small):
+            variants.append({**params, **small})
+    return variants
+
+
+def _tag(options: Any) -> str:
+    """The hybrid's options as form names show them (``window=5 sinks=2 sparse_cache=3 sparse_block=4 ``)."""
+    shown = [key for key in ("window", "sinks", "sparse_cache") if getattr(options, key, 0)]
+    shown += ["sparse_block"] if "sparse_cache" in shown else []
+    return "".join(f"{key}={getattr(options, key)} " for key in shown)
+
+
+def _check_refused(layer: CheckedLayer, kern64: Kernel, errors: dict[str, float]) -> None:
+    """With a sparse cache a bidirectional call raises the documented ValueError (the cache is causal only)."""
+    form = f"bidirectional {layer.where} (refused: sparse_cache is causal only)"
+    q, k, v = _inputs(2, layer.hq, layer.hkv, 9, 9, layer.d, layer.seed + 400)
+    try:
+        with torch.no_grad():
+            kern64(q, k, v, causal=False)
+    except ValueError as err:
+        if "causal only" not in str(err):
+            _fail(layer.name, form, f"ValueError without 'causal only': {err}")
+        errors[form] = 0.0
+        return
+    _fail(layer.name, form, "no ValueError: a bidirectional call with a sparse cache must be refused")
 
 
 def _mode(causal: bool) -> str:
@@ -283,6 +318,38 @@ def _check_decoding(layer: CheckedLayer, kern64: Kernel, errors: dict[str, float
             outs.append(out)
     form = f"decoding {where} (pieces 9 + 3 + 1 × 5{', from the state' if stateful else ''})"
     errors[form] = _compare(name, form, torch.cat(outs, 1), want, rows, layer.atol, layer.rtol)
+
+
+def _check_packed_decoding(layer: CheckedLayer, kern64: Kernel, errors: dict[str, float]) -> None:
+    """For a kernel that decodes on the packed layout (``decodes_packed``), no padding: prefill 9 tokens, then one at
+    a time, on the packed state as soon as ``can_pack`` allows (as the cache layer runs it) = the full forward's
+    rows. Nothing is recorded where the state never packs within 17 tokens (a window longer than that)."""
+    if not getattr(kern64, "decodes_packed", False):
+        return
+    n, ring = 17, kern64.options.window - 1
+    q, k, v = _inputs(2, layer.hq, layer.hkv, n, n, layer.d, layer.seed + 500)
+    want = brute_force(kern64, q, k, v, None, True)
+    outs, state, packed, first_packed = [], None, None, None
+    with torch.no_grad():
+        for start, end in [(0, 9), *((t, t + 1) for t in range(9, n))]:
+            qt, kt, vt = q[:, :, start:end], k[:, :, start:end], v[:, :, start:end]
+            if packed is not None:
+                if not kern64.fits_packed(packed, qt, kt, vt, None):
+                    _fail(layer.name, f"packed decoding {layer.where}", f"the step at {start} does not fit")
+                outs.append(kern64.decode_packed(qt, kt, vt, packed))
+                continue
+            first = max(0, start - ring) if start else 0
+            out, state = kern64.forward_with_state(qt, k[:, :, first:end], v[:, :, first:end], causal=True,
+                                                   past=PastKeys(state, first))
+            outs.append(out)
+            held = min(end, ring)
+            wk, wv = (k[:, :, end - held:end], v[:, :, end - held:end]) if held else (None, None)
+            if kern64.can_pack(state, wk, end):
+                packed, first_packed = kern64.pack_decode_state(state, wk, wv, end), end
+    if first_packed is None:
+        return
+    form = f"decoding {layer.where} (9 + 1 × 8, packed steps from position {first_packed})"
+    errors[form] = _compare(layer.name, form, torch.cat(outs, 1), want, None, layer.atol, layer.rtol)
 
 
 def _check_low_precision(layer: CheckedLayer, kern: Kernel, causal: bool, errors: dict[str, float]) -> None:

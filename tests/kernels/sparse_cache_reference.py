@@ -1,11 +1,13 @@
-"""The float64 brute force of the window hybrid's bounded sparse cache (option ``sparse_cache``) and the small
-kernels, inputs and model its tests share (tests/kernels/test_sparse_cache.py, test_window_decode.py).
+"""The float64 brute force of the window hybrid's bounded sparse cache (option ``sparse_cache``) with sinks, and
+the small kernels, inputs and model its tests share (tests/kernels/test_sparse_cache.py, test_window_decode.py,
+test_cache_sizing.py, test_custom_kernel_example.py).
 
-The brute force is a Python loop over batch rows, KV heads and query positions that keeps the cache as a *set* of
-positions and recomputes, at every boundary, the state of the other out-of-window keys from scratch (no running
-state, no subtraction), then weighs every visible key of every query by the rule of the module docstring of
-``hf_kernel_attn.kernels.linear.sparse_cache``. It shares only φ with the code under test (the feature maps have
-their own tests). With ``sparse_cache=0`` it is the plain window hybrid.
+The brute force is the package's (``hf_kernel_attn.testing.sparse_reference``, which ``check_kernel`` uses too): a
+Python loop over batch rows and KV heads that keeps the cache as a *set* of positions and recomputes, at every
+boundary, the state of the other out-of-window keys from scratch (no running state, no subtraction), then weighs
+every visible key of every query by the rule of the module docstring of ``hf_kernel_attn.kernels.linear.sparse_cache``.
+It shares only φ and κ with the code under test (the feature maps have their own tests). With ``sparse_cache=0``
+it is the plain window hybrid.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_kernel_attn.kernels import LayerShape, build_kernel
+from hf_kernel_attn.testing.sparse_reference import HybridRule, cache_history, hybrid_reference
 
 D, DV = 8, 6
 SCALING = 0.35
@@ -46,59 +49,15 @@ def inputs(b, hq, hkv, n, seed=0, dtype=f64, dv=DV):
 
 
 def brute_force(kern, q, k, v, key_mask=None):
-    """Outputs ``[B, N, Hq, Dv]`` and the final cache (per row and KV head, the set of cached positions)."""
-    o = kern.options
-    window, capacity, block, nsinks, eps = o.window, o.sparse_cache, o.sparse_block, o.sinks, o.eps
-    b, hq, n, _ = q.shape
-    hkv = k.shape[1]
-    g = hq // hkv
-    fq, fk = kern.features(q, k, SCALING)  # [B, Hkv, G, N, F], [B, Hkv, N, F]
-    fq, fk, q, k, v = fq.to(f64), fk.to(f64), q.to(f64), k.to(f64), v.to(f64)
-    lam = torch.ones(hq, dtype=f64) if not hasattr(kern, "window_log_mix") else kern.window_log_mix.detach().exp()
-    lam[o.softmax_heads] = 0.0  # retrieval heads on a budget: the window, sinks and cache alone
-    real = torch.ones(b, n, dtype=torch.bool) if key_mask is None else key_mask.bool()
-    dv = v.shape[-1]
-    out = torch.zeros(b, n, hq, dv, dtype=f64)
-    caches = {}
-    for r in range(b):
-        reals = [j for j in range(n) if real[r, j]]
-        sinks = set(reals[:nsinks])
-        for h in range(hkv):
-            cache: set[int] = set()
-            for i in range(n):
-                if i > 0 and i % block == 0:
-                    cands = {j for j in range(max(0, i - block - window + 1), i - window + 1)
-                             if real[r, j] and j not in sinks}
-                    pool = cache | cands
-                    others = [j for j in range(0, i - window + 1) if real[r, j] and j not in sinks and j not in pool]
-                    s_mat = torch.zeros(fk.shape[-1], dv, dtype=f64)
-                    z = torch.zeros(fk.shape[-1], dtype=f64)
-                    for j in others:
-                        s_mat += torch.outer(fk[r, h, j], v[r, h, j])
-                        z += fk[r, h, j]
-                    z_full = z + sum((fk[r, h, j] for j in cands), torch.zeros_like(z))
-                    scores = {}
-                    for j in pool:  # the documented floor: ρ = 1e-3 of the mass with the candidates
-                        den = max(float(fk[r, h, j] @ z), 1e-3 * float(fk[r, h, j] @ z_full), eps)
-                        read = (fk[r, h, j] @ s_mat) / den
-                        scores[j] = float((v[r, h, j] - read).square().sum())
-                    cache = set(sorted(pool, key=lambda j: -scores[j])[:capacity])
-                for gi in range(g):
-                    qh = h * g + gi
-                    num = torch.zeros(dv, dtype=f64)
-                    den = 0.0
-                    for j in range(i + 1):
-                        if not real[r, j]:
-                            continue
-                        if i - j < window or j in sinks or j in cache:
-                            w = torch.exp(SCALING * q[r, qh, i] @ k[r, h, j])
-                        else:
-                            w = lam[qh] * (fq[r, h, gi, i] @ fk[r, h, j])
-                        w = w.detach()
-                        num += w * v[r, h, j]
-                        den += float(w)
-                    out[r, i, qh] = num / den
-            caches[r, h] = cache
+    """Outputs ``[B, N, Hq, Dv]`` (float64) and the final cache (per row and KV head, the set of cached positions):
+    the package's reference (:func:`hf_kernel_attn.testing.sparse_reference.hybrid_reference`) at ``SCALING``."""
+    rule = HybridRule.of(kern.options)
+    real = torch.ones(q.shape[0], k.shape[2], dtype=torch.bool) if key_mask is None else key_mask.bool()
+    with torch.no_grad():
+        out = hybrid_reference(kern, q, k, v, key_mask, causal=True, scaling=SCALING)
+        history = cache_history(kern.features(q, k, SCALING)[1], v, real, rule) if rule.capacity else None
+    caches = {(r, h): set(history[r][h][-1]) if history else set()
+              for r in range(q.shape[0]) for h in range(k.shape[1])}
     return out, caches
 
 

@@ -1,8 +1,9 @@
 """examples/custom_kernel/windowed_kernel.py, a user's feature map whose defaults are the window hybrid with sinks
-and a sparse cache: written against the public contract alone, it passes ``check_kernel`` (plain and window
-hybrid, with and without the learnable mix), matches the float64 brute force of the sparse cache with sinks
-(tests/kernels/sparse_cache_reference.py, which ``check_kernel`` does not model), and a tiny Llama patched with it
-generates the same tokens with its recurrent cache as without a cache."""
+and a sparse cache: written against the public contract alone, it passes ``check_kernel`` with its defaults (whose
+brute force models the window, sinks and the sparse cache; also at kit size, with and without the learnable mix,
+and with the hybrid off), its cached pairs on a longer sequence are the float64 brute force's
+(tests/kernels/sparse_cache_reference.py, the package's reference), and a tiny Llama patched with it generates the
+same tokens with its recurrent cache as without a cache."""
 
 from __future__ import annotations
 
@@ -87,22 +88,32 @@ def test_defaults_are_the_window_hybrid_with_sinks_and_a_sparse_cache(example):
 
 
 def test_check_kernel_passes(example):
-    """By name: the plain and ``window=5`` forms (the class's ``conformance_params`` turn sinks and the cache off:
-    the kit's brute force has neither); then the hybrid with the learnable per-head mix λ_h."""
+    """By name, with its defaults: W = 64, S = 4, C = 16 as they are (at 17 tokens every key is in the window;
+    bidirectional calls are refused) and at kit size (window 5, 2 sinks, 3 pairs chosen every 4 positions), in
+    every causal form; then with the learnable per-head mix λ_h; then with the hybrid off (the plain feature map
+    and its window=5 hybrid, causal and bidirectional)."""
+    kit = "window=5 sinks=2 sparse_cache=3 sparse_block=4"
     errors = check_kernel(NAME)
-    mixed = check_kernel(example.SignedSoftplus, {"window": 5, "window_mix": True, "sinks": 0, "sparse_cache": 0})
+    mixed = check_kernel(example.SignedSoftplus, {"window_mix": True})
+    plain = check_kernel(NAME, {"window": 0, "sinks": 0, "sparse_cache": 0})
     for forms in (errors, mixed):
-        assert any(f.startswith("decoding window=5") for f in forms)
-        assert any(f.startswith("gradients causal window=5") and f.endswith("dshift") for f in forms)
-        assert any("bidirectional window=5" in f and "key padding" in f for f in forms)
-    assert any(f.startswith("causal Hq=4") for f in errors)  # the pure feature-map forms too
+        assert any(f.startswith("causal window=64 sinks=4 sparse_cache=16 sparse_block=16 ") for f in forms)
+        assert any(f.startswith(f"decoding {kit}") and "from the state" in f for f in forms)
+        assert any(f.startswith(f"decoding {kit}") and "packed steps" in f for f in forms)
+        assert any(f.startswith(f"gradients causal {kit}") and f.endswith("dshift") for f in forms)
+        assert any(f.startswith(f"causal {kit}") and "key padding" in f for f in forms)
+        assert any(f.startswith(f"bidirectional {kit}") and "refused" in f for f in forms)
+        assert not any(f.startswith("bidirectional") and "refused" not in f for f in forms)
     assert any(f.endswith("dwindow_log_mix") for f in mixed)
+    assert any(f.startswith("causal Hq=4") for f in plain)  # the pure feature-map forms
+    assert any("bidirectional window=5" in f and "key padding" in f for f in plain)
 
 
 @pytest.mark.parametrize("pad", [0, 3])
 def test_sinks_and_sparse_cache_match_the_brute_force(example, pad):
-    """Window 5, 2 sinks, 3 cached pairs chosen every 4 positions, left padding on one row: outputs and cached
-    pairs equal the float64 brute force, and the cache changes the outputs."""
+    """Window 5, 2 sinks, 3 cached pairs chosen every 4 positions, 41 tokens, left padding on one row: outputs and
+    cached pairs (which ``check_kernel`` does not compare) equal the float64 brute force, and the cache changes the
+    outputs."""
     params = dict(window=5, sinks=2, sparse_cache=3, sparse_block=4, window_mix=True, chunk_size=8)
     kern = build_kernel(NAME, LayerShape(4, 2, D, 0, 4096), params).to(f64)
     gen = torch.Generator().manual_seed(5)
