@@ -83,7 +83,7 @@ class AcceptsBidirectional(Softplus):
             self.options = told
 
 
-@pytest.mark.parametrize("name", ["hedgehog", "elu"])
+@pytest.mark.parametrize("name", ["hedgehog", "elu", "taylor"])
 def test_builtins_pass_with_sinks_and_a_sparse_cache(name):
     """Every causal form with window 5, 2 sinks and 3 pairs chosen every 4 positions, the refusal of bidirectional
     calls, decoding in pieces from the state and on the packed layout."""

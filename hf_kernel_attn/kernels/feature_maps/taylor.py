@@ -65,7 +65,7 @@ class TaylorKernel(LinearKernel):
         rows = xs.numel() // d
         if xs.requires_grad:
             return TaylorFeatures.apply(xs)
-        if rows >= 256:
+        if rows >= 256 or rows == 0:  # no rows (no keys to score yet): the empty feature tensor
             return _taylor_features(xs)
         # few rows (decoding): gather whole rows of xsᵀ, much faster than gathering columns or looping
         i, j, weight = _upper_triangle(d, x.device)
