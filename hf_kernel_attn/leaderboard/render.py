@@ -45,15 +45,17 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
     failed = {(e["model_name"], e["kernel_row"], c): e["error"] for e in errors for c in _columns(e["task"], cfg)}
     header = ["model", "kernel"] + [f"{t} ({main_metric(t.split('@')[0]) or '?'})" for t in columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    csv_rows: list[list[Any]] = [["model", "kernel", "task", "metric", "value", "stderr", "n", "split"]]
+    csv_rows: list[list[Any]] = [["model", "kernel", "task", "metric", "value", "stderr", "n", "split", "cache_bytes"]]
     for name, kernel in rows:
         values = []
         for t in columns:
             r = cell.get((name, kernel, t))
             if r is not None:
                 se = f" ± {r['stderr']:.3g}" if r.get("stderr") else ""
-                values.append(f"{r['value']:.4g}{se}")
-                csv_rows.append([name, kernel, t, r["metric"], r["value"], r.get("stderr"), r["n"], split])
+                cache = f" ({_bytes(r['cache_bytes'])})" if r.get("press") and r.get("cache_bytes") else ""
+                values.append(f"{r['value']:.4g}{se}{cache}")
+                csv_rows.append([name, kernel, t, r["metric"], r["value"], r.get("stderr"), r["n"], split,
+                                 r.get("cache_bytes")])
             elif (name, kernel, t) in failed:
                 values.append("error")
             else:
@@ -97,7 +99,18 @@ def _cells(records: list[dict[str, Any]], split: str) -> dict[Key, dict[str, Any
     for key, group in long_cells.items():
         cell[key] = {**group[0], "value": sum(g["value"] for g in group) / len(group), "stderr": None,
                      "n": sum(g["n"] for g in group)}
+        cache = [g["cache_bytes"] for g in group if g.get("cache_bytes") is not None]
+        if cache:  # the K/V bytes after the context, mean over the depths (a press row's: what its press left)
+            cell[key]["cache_bytes"] = round(sum(cache) / len(cache))
     return cell
+
+
+def _bytes(n: float) -> str:
+    """A byte count as leaderboard.md shows it beside a press row's long-context score."""
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
 
 
 def _by_length(task: str) -> bool:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fileio import append_jsonl_atomic, read_jsonl, write_text_atomic
-from .config import load_leaderboard_config
+from .config import load_leaderboard_config, require_presses
 from .render import render
 from .speed import SPEED_FILE, time_models
 from .workers import PendingRow, evaluate_row, evaluate_rows_in_workers
@@ -59,6 +59,7 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
     rows: list[PendingRow] = [(m, kernel, [t for t in m["tasks"] if (m["name"], kernel, t, cfg["split"]) not in done])
                               for m in cfg["models"] for kernel in m["kernels"]]
     rows = [r for r in rows if r[2]]
+    require_presses([(m, kernel) for m, kernel, _ in rows])  # kvpress, before any row converts or loads
     if rows:
         workers = min(cfg["jobs"], len(rows)) if len(rows) >= 2 else 1
         print(f"leaderboard: {sum(len(r[2]) for r in rows)} cell(s) of {len(rows)} row(s) to evaluate"

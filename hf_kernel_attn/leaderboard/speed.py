@@ -12,6 +12,7 @@ from ..fileio import append_jsonl_atomic, read_jsonl
 from ..kernels import SOFTMAX
 from ..model_paths import CorruptCheckpointError
 from ..speed.model_bench import Rounds, bench_models, load_models
+from .config import press_row
 from .progress import duration, heartbeat
 
 __all__ = ["SPEED_FILE", "time_models", "timed_as"]
@@ -28,7 +29,7 @@ def time_models(cfg: dict[str, Any], path: Path) -> None:
     run, a heartbeat with the count done."""
     done = {r["model"] for r in read_jsonl(path)}
     todo = [m for m in cfg["models"] if m["name"] not in done and not m.get("finetune")
-            and any(k != "saved" for k in m["kernels"])]  # a converted row runs its base model's kernel: timed
+            and any(_timed(m, k) for k in m["kernels"])]  # a converted row runs its base model's kernel: timed
     if todo:  # with the base model's row
         print(f"speed: timing {len(todo)} model(s), every kernel at {cfg['speed']['length']} tokens, "
               f"{cfg['speed']['repeats']} interleaved rounds", flush=True)
@@ -46,6 +47,11 @@ def time_models(cfg: dict[str, Any], path: Path) -> None:
         append_jsonl_atomic(path, [{k: r[k] for k in _RECORD_KEYS} for r in rows])
         done.add(m["name"])
         print(f"{m['name']}: {duration(time.perf_counter() - start)}, speed benchmark done", flush=True)
+
+
+def _timed(m: dict[str, Any], kernel: str) -> bool:
+    """Whether the row ``kernel`` of entry ``m`` is a kernel the benchmark times (not "saved", not a press row)."""
+    return kernel != "saved" and press_row(m, kernel) is None
 
 
 def _time_model(m: dict[str, Any], length: int, repeats: int) -> list[dict[str, Any]]:
@@ -71,7 +77,7 @@ def _time_model(m: dict[str, Any], length: int, repeats: int) -> list[dict[str, 
                   f"{row['ratio_vs_softmax']:.2f}x softmax's time", flush=True)
 
     with heartbeat(label, status):
-        models, kind = load_models(m["model"], kernels=[SOFTMAX, *(k for k in m["kernels"] if k != "saved")],
+        models, kind = load_models(m["model"], kernels=[SOFTMAX, *(k for k in m["kernels"] if _timed(m, k))],
                                    gguf_file=m.get("gguf_file"), params=m.get("kernel_params"))
         runs = [k for k, model in models.items() if model is not None]
         for k in runs:

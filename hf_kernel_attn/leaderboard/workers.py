@@ -25,7 +25,7 @@ from ..evaluation.task import main_metric
 from ..kernels import import_modules, is_softmax
 from ..model_paths import CorruptCheckpointError
 from ..training import finetune, load_config
-from .config import task_limit
+from .config import press_row, task_limit
 from .progress import duration, heartbeat
 
 __all__ = ["DAMAGED", "Emit", "PendingRow", "converts", "evaluate_row", "evaluate_rows_in_workers"]
@@ -37,7 +37,7 @@ PendingRow = tuple[dict[str, Any], str, list[str]]  # (model entry, kernel, the 
 
 def converts(m: dict[str, Any], kernel: str) -> bool:
     """Whether the row of entry ``m`` and ``kernel`` is a conversion (a ``finetune`` entry, a kernel not softmax)."""
-    return bool(m.get("finetune")) and not is_softmax(kernel)
+    return bool(m.get("finetune")) and not is_softmax(kernel) and press_row(m, kernel) is None
 
 
 def _finetuned(cfg: dict[str, Any], m: dict[str, Any], kernel: str) -> str:
@@ -92,7 +92,8 @@ def evaluate_row(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: list
             return
         finally:  # the conversion sets its own thread count
             torch.set_num_threads(threads)
-    if kernel == "saved":  # the model as saved (e.g. a converted model folder)
+    press = press_row(m, kernel) or {}  # a press row: the unconverted model, each context compressed by the press
+    if kernel == "saved" or press:  # the model as saved (e.g. a converted model folder)
         spec_kernel = None
     params = (m.get("kernel_params") or {}).get(kernel, {})
     spec = ModelSpec(model_path, gguf, spec_kernel, m.get("layers") if spec_kernel else None,
@@ -108,7 +109,7 @@ def evaluate_row(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: list
                 settings = EvalSettings(split=cfg["split"], data_dir=cfg["data_dir"], limit=limit,
                                         batch_size=cfg["batch_size"], context=cfg["context"],
                                         lengths=m.get("lengths", cfg["lengths"]), depths=m.get("depths", cfg["depths"]),
-                                        samples=m.get("samples", cfg["samples"]), seed=cfg["seed"])
+                                        samples=m.get("samples", cfg["samples"]), seed=cfg["seed"], **press)
                 records = run_eval(spec, [task], settings, models=models)
         except CorruptCheckpointError as exc:
             raise CorruptCheckpointError(f"leaderboard model {m['name']!r}: {exc}") from None

@@ -130,7 +130,7 @@ def test_leaderboard_renders_skips_and_resumes(tiny_llama, tiny_bert, tmp_path):
     table = (out / "leaderboard.md").read_text()
     assert "| tiny-llama | elu |" in table and "error" in table  # piqa has no local validation file
     csv_lines = (out / "leaderboard.csv").read_text().splitlines()
-    assert csv_lines[0] == "model,kernel,task,metric,value,stderr,n,split" and len(csv_lines) == 1 + 8
+    assert csv_lines[0] == "model,kernel,task,metric,value,stderr,n,split,cache_bytes" and len(csv_lines) == 1 + 8
     assert (out / "leaderboard_heatmap.png").stat().st_size > 1000
     assert (out / "leaderboard_speed.png").stat().st_size > 1000
     # the speed plot's timings: one interleaved benchmark per model (never the evaluation's own timings)
