@@ -80,6 +80,8 @@ def smollm2_tok(smollm2_dir):
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     tok.padding_side = "left"
+    if tok.pad_token is None:  # transformers < 5.4 does not read the GGUF file's padding token on conversion
+        tok.pad_token = tok.eos_token
     return tok
 
 

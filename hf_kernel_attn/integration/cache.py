@@ -30,7 +30,7 @@ from .cache_layers import RecurrentStateLayer, tensor_bytes
 from .modules import attention_modules
 from .window_cache import WindowKVLayer, is_windowed_softmax
 
-__all__ = ["CACHE_KWARGS", "RecurrentStateCache", "RecurrentStateLayer", "WindowKVLayer", "cache_bytes",
+__all__ = ["CACHE_KWARGS", "RecurrentStateCache", "RecurrentStateLayer", "WindowKVLayer", "cache_bytes", "cache_kwarg",
            "install_cache_hook", "is_windowed_softmax", "new_cache", "passes_update_kwargs", "remove_cache_hook",
            "wants_state_cache"]
 
@@ -111,6 +111,12 @@ def _cache_parameter(cls: type) -> str | None:
     except (TypeError, ValueError):
         return None
     return next((name for name in CACHE_KWARGS if name in params), None)
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The keyword under which ``model`` (and its ``generate``) takes a cache: ``cache`` where its forward names
+    it so (newer transformers), else ``past_key_values``."""
+    return _cache_parameter(type(model)) or "past_key_values"
 
 
 def install_cache_hook(target: torch.nn.Module) -> None:

@@ -17,6 +17,12 @@ from ..kernels.linear.state import LinearState, PastKeys
 from ..kernels.linear.window_decode import PackedWindowState, unpack
 
 
+def query_count(query: int | torch.Tensor) -> int:
+    """The new tokens a cache layer's ``get_mask_sizes`` is asked about: their count (transformers from 5.4) or
+    their positions, ``cache_position`` (before 5.4)."""
+    return int(query.shape[0]) if isinstance(query, torch.Tensor) else int(query)
+
+
 def tensor_bytes(*tensors: torch.Tensor) -> int:
     """Σ numel · element size over ``tensors``: the bytes they hold."""
     return sum(t.numel() * t.element_size() for t in tensors)
@@ -144,10 +150,10 @@ class RecurrentStateLayer(DynamicLayer):
             self._state = self._window_keys = self._window_values = None
         return out
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query: int | torch.Tensor) -> tuple[int, int]:
         # the whole 2-D padding mask, as a DynamicLayer's: each layer slices the keys it sees (the new chunk,
         # or the window plus the new chunk), and softmax layers of a hybrid model see every key
-        return self.cumulative_length + query_length, 0
+        return self.cumulative_length + query_count(query), 0
 
     def get_seq_length(self) -> int:
         return self.cumulative_length

@@ -21,7 +21,7 @@ from ..kernels.softmax import (
     sink_slot_count,
     sink_slots,
 )
-from .cache_layers import enter_module_kwargs, tensor_bytes
+from .cache_layers import enter_module_kwargs, query_count, tensor_bytes
 
 
 def is_windowed_softmax(kernel: Kernel | None) -> bool:
@@ -144,9 +144,9 @@ class WindowKVLayer(DynamicLayer):
             self.sink_valid = self.sink_valid | fresh
         self.real_seen = self.real_seen + new_real.long().sum(-1)
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query: int | torch.Tensor) -> tuple[int, int]:
         # the whole 2-D padding mask, as a DynamicLayer's (attend() reads the new chunk's columns)
-        return self.cumulative_length + query_length, 0
+        return self.cumulative_length + query_count(query), 0
 
     def get_seq_length(self) -> int:
         return self.cumulative_length

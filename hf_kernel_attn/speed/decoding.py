@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..integration.attention import KERNEL_ATTR
-from ..integration.cache import RecurrentStateCache, RecurrentStateLayer, cache_bytes, new_cache
+from ..integration.cache import RecurrentStateCache, RecurrentStateLayer, cache_bytes, cache_kwarg, new_cache
 from ..integration.modules import attention_modules
 from ..integration.swap import patch
 from ..kernel_args import SAVED, parse_kernel_spec
@@ -39,7 +39,8 @@ def compare_with_recomputation(model, batch: dict[str, torch.Tensor], new_tokens
 def cache_bytes_after(model, input_ids: torch.Tensor, new_tokens: int) -> int:
     """Bytes held by generate's cache after ``new_tokens`` greedy tokens."""
     cache = new_cache(model)
-    model.generate(input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, cache=cache)
+    model.generate(input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                   **{cache_kwarg(model): cache})
     return cache_bytes(cache)
 
 
@@ -110,13 +111,13 @@ def _prepare(model, context: int, synthetic: bool):
     ids = torch.randint(0, model.config.vocab_size, (1, context), generator=gen).to(device)
     cache = new_cache(model)
     start = time.perf_counter()
-    out = model(ids, cache=cache, use_cache=True, logits_to_keep=1)
+    out = model(ids, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
     return cache, out.logits[:, -1:].argmax(-1), time.perf_counter() - start
 
 
 def _timed_step(model, cache, token: torch.Tensor) -> tuple[float, torch.Tensor]:
     start = time.perf_counter()
-    out = model(token, cache=cache, use_cache=True)
+    out = model(token, use_cache=True, **{cache_kwarg(model): cache})
     return time.perf_counter() - start, out.logits[:, -1:].argmax(-1)
 
 

@@ -28,6 +28,7 @@ from hf_kernel_attn.evaluation.long_context.runner import (
     check_long_context_args,
     run_long_context,
 )
+from tests.compat import needs_state_cache
 from tests.paths import DATA as DATA_DIR
 from tests.paths import REPO
 
@@ -230,6 +231,7 @@ def test_passkey_on_smollm2_and_a_short_window(smollm2, smollm2_tok, fresh):
     assert run_long_context(smollm2, smollm2_tok, "passkey", grid)[0]["value"] == 100
 
 
+@needs_state_cache
 def test_recall_cells_carry_their_decode_cost(smollm2, smollm2_tok, fresh):
     """Every recall cell says what it cost: the decode cache after one prompt and the decode ms/token. Softmax's
     cache is its K/V, layers x 2 x KV heads x length x head_dim x 4 bytes by the config; the delta-rule hybrid's

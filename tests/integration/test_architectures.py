@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 
 import pytest
+import transformers
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from hf_kernel_attn.testing import architectures as A
 from tests.paths import REPO
@@ -75,6 +77,23 @@ def expected_error(arch: A.Architecture) -> str | None:
     return None if routes_through_interface(arch) else NO_INTERFACE
 
 
+def accepted_errors(arch: A.Architecture) -> tuple[str, ...]:
+    """The refusals a non-ok cell may raise: the expected one, or, where this transformers' modeling code for the
+    architecture does not call AttentionInterface at all (older releases: T5), that refusal."""
+    expected = expected_error(arch)
+    return (expected, NO_INTERFACE) if expected is not None else ()
+
+
+def _measured_release() -> str | None:
+    found = re.search(r"Measured with transformers (\S+),", DOCS.read_text())
+    return found.group(1) if found else None
+
+
+# the release docs/architectures.md was measured with: there the table's entries are checked for staleness too
+# (on another release an architecture may run that is refused here, or be missing from transformers)
+IS_MEASURED_RELEASE = _measured_release() == transformers.__version__
+
+
 def _describe(row: dict) -> str:
     return "; ".join(A.row_errors(row)) or "all ok"
 
@@ -88,6 +107,8 @@ def test_registry_sizes():
 
 @pytest.mark.parametrize("arch", A.ARCHITECTURES, ids=lambda a: a.name)
 def test_architecture(arch):
+    if arch.model_type not in CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no {arch.model_type!r} model")
     row = _row(arch)
     assert "build_error" not in row, f"the tiny {arch.name} model itself failed: {_describe(row)}"
     cells = row["cells"]
@@ -104,10 +125,11 @@ def test_architecture(arch):
             f"{arch.name} / {kernel}: {cell['status']}: {cell.get('error')} at {cell.get('where')} — neither ok nor "
             "a ValueError/NotImplementedError raised by hf_kernel_attn"
         )
-        expected = expected_error(arch)
-        assert expected is not None, f"{arch.name} / {kernel} is refused unexpectedly: {cell['error']}"
-        assert expected in cell["error"], f"{arch.name} / {kernel}: {cell['error']!r} lacks {expected!r}"
-    if expected_error(arch) is not None:
+        accepted = accepted_errors(arch)
+        assert accepted, f"{arch.name} / {kernel} is refused unexpectedly: {cell['error']}"
+        assert any(a in cell["error"] for a in accepted), (
+            f"{arch.name} / {kernel}: {cell['error']!r} lacks {accepted[0]!r}")
+    if expected_error(arch) is not None and IS_MEASURED_RELEASE:
         assert not A.all_ok(row), f"{arch.name} now runs every kernel: remove it from EXPECTED_ERRORS, regenerate docs"
     else:
         assert row["attention_layers"] > 0
@@ -124,6 +146,10 @@ def _docs_statuses() -> dict[str, list[str]]:
 
 
 def test_coverage_and_docs():
+    assert _measured_release(), "docs/architectures.md does not say which transformers release it was measured with"
+    if not IS_MEASURED_RELEASE:  # e.g. scripts/check_latest.sh or check_lowest.sh on another release
+        pytest.skip(f"docs/architectures.md was measured with transformers {_measured_release()}, this is "
+                    f"{transformers.__version__}: regenerate it with python scripts/architecture_table.py to compare")
     rows = [_row(a) for a in A.ARCHITECTURES]
     ok = [r["architecture"] for r in rows if A.all_ok(r)]
     clear = [r["architecture"] for r in rows
@@ -131,13 +157,6 @@ def test_coverage_and_docs():
     assert len(ok) >= MIN_ALL_OK, f"only {len(ok)} architectures run all kernels: {ok}"
     assert len(clear) >= 30
     assert len(clear) == len(rows) - len(KNOWN_BUGS), A.summary(rows)
-    import transformers
-
-    measured_with = re.search(r"Measured with transformers (\S+),", DOCS.read_text())
-    assert measured_with, "docs/architectures.md does not say which transformers release it was measured with"
-    if measured_with.group(1) != transformers.__version__:  # e.g. scripts/check_latest.sh on a newer release
-        pytest.skip(f"docs/architectures.md was measured with transformers {measured_with.group(1)}, this is "
-                    f"{transformers.__version__}: regenerate it with python scripts/architecture_table.py to compare")
     documented = _docs_statuses()
     current = {r["architecture"]: [r["cells"][k]["status"] for k in A.KERNELS] for r in rows}
     assert documented == current, "docs/architectures.md is stale: run python scripts/architecture_table.py"

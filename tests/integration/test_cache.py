@@ -12,7 +12,7 @@ import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache, RecurrentStateLayer
 from hf_kernel_attn.kernels import KERNELS
 from hf_kernel_attn.kernels.linear import PastKeys
-from tests.compat import cache_arg
+from tests.compat import cache_arg, enable_checkpointing, needs_state_cache
 
 LINEAR = sorted(n for n, c in KERNELS.items() if c.is_linear)
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea, there lived", "Hi"]
@@ -79,6 +79,7 @@ def tiny_llama(kernel="elu"):
     return model
 
 
+@needs_state_cache
 def test_generate_uses_state_cache_and_memory_is_constant():
     model = tiny_llama("hedgehog")
     ids = torch.randint(1, 97, (2, 7))
@@ -114,6 +115,7 @@ def test_beam_search_sampling_and_return_sequences_run():
     assert torch.equal(beams, again)
 
 
+@needs_state_cache
 def test_unsupported_operations_raise():
     model = tiny_llama("elu")
     cache = RecurrentStateCache(model)
@@ -124,6 +126,7 @@ def test_unsupported_operations_raise():
         RecurrentStateCache(tiny_llama("gaussian"))
 
 
+@needs_state_cache
 def test_training_and_no_cache_paths_stay_stateless():
     """A cache handed to a gradient-checkpointed training forward is dropped (never touched, same loss as without
     it), while the same cache in eval does fill; plain forwards without a cache carry no state between calls."""
@@ -134,7 +137,7 @@ def test_training_and_no_cache_paths_stay_stateless():
         fresh_other = model(other).logits
         expected = model(ids, use_cache=False).logits
     model.train()
-    model.activation_checkpointing_enable()
+    enable_checkpointing(model)
     plain_loss = model(ids, labels=ids, use_cache=False).loss
     cache = RecurrentStateCache(model)
     loss = model(ids, labels=ids, **cache_arg(cache), use_cache=True).loss
@@ -162,6 +165,7 @@ def test_training_and_no_cache_paths_stay_stateless():
     assert torch.equal(again, fresh_other)
 
 
+@needs_state_cache
 @pytest.mark.real_model
 @pytest.mark.parametrize("kernel,params", [("hedgehog", {"window": 64}), ("elu", {})], ids=["hedgehog-w64", "elu"])
 def test_plain_forward_that_caches_returns_the_recurrent_cache(kernel, params, smollm2, fresh):
@@ -201,6 +205,7 @@ def test_plain_forward_that_caches_returns_the_recurrent_cache(kernel, params, s
         assert smollm2(prompt, cache=given, use_cache=True).past_key_values is given
 
 
+@needs_state_cache
 def test_cosformer_small_horizon_prefill_and_decode_offsets():
     """Horizon 32 (a one-position shift moves cos(π/2·Δ/32) weights by up to 5%): prefill 10 tokens (one row
     left-padded), decode 20; every chunk reaches the kernel at offset = tokens seen, and the cached logits equal
@@ -271,6 +276,7 @@ def test_sampling_and_return_sequences_match_recomputation():
         assert not (torch.equal(samples[0], samples[1]) and torch.equal(samples[1], samples[2]))
 
 
+@needs_state_cache
 def test_cache_batch_select_repeat_and_reorder_continue_like_recomputation():
     """batch_select_indices, batch_repeat_interleave and reorder_cache on a hybrid cache (K/V layer + recurrent
     state): the next step from the edited cache equals recomputing the selected/repeated rows from scratch."""
@@ -305,6 +311,7 @@ def test_cache_batch_select_repeat_and_reorder_continue_like_recomputation():
         check(cache, torch.tensor([1, 1, 0]))
 
 
+@needs_state_cache
 def test_decode_suite_reports_constant_state_and_growing_kv():
     from hf_kernel_attn.speed.decoding import run_decode_suite
 
@@ -320,6 +327,7 @@ def test_decode_suite_reports_constant_state_and_growing_kv():
     assert by[("elu", 64)]["prefill_tokens_per_s"] == pytest.approx(64 / by[("elu", 64)]["prefill_s"])
 
 
+@needs_state_cache
 def test_decode_suite_saved_runs_the_model_as_loaded_next_to_copies():
     """``saved`` times the model with the kernels it carries (here per layer: a windowed elu with a sparse cache in
     layer 1 only), every other kernel a patched copy; the model itself is left as it was, and each row's cache is
@@ -346,6 +354,7 @@ def test_decode_suite_saved_runs_the_model_as_loaded_next_to_copies():
         run_decode_suite(model, [SAVED], [8], steps=1)
 
 
+@needs_state_cache
 @pytest.mark.parametrize("kernel", ["softmax", "elu", "taylor", "hybrid"])
 def test_synthetic_cache_has_the_shapes_of_a_real_prefill(kernel):
     """decode-bench --synthetic-cache: same sizes and length as a real prefill, and decoding continues."""

@@ -24,6 +24,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 import hf_kernel_attn
 from hf_kernel_attn.kernels import KERNELS
+from tests.compat import enable_checkpointing
 
 CAUSAL = [n for n, c in KERNELS.items() if c.supports_causal]
 
@@ -137,7 +138,7 @@ def test_learnable_parameters_are_trainable_submodules():
     assert "model.layers.1.self_attn.kernel_attn.weight_q" in names
     assert "model.layers.2.self_attn.kernel_attn.log_gain" in names
     model.train()
-    model.activation_checkpointing_enable()
+    enable_checkpointing(model)
     ids = torch.randint(0, 97, (2, 12))
     loss = model(ids, labels=ids).loss
     loss.backward()

@@ -14,7 +14,7 @@ import hf_kernel_attn
 from hf_kernel_attn.integration import positions
 from hf_kernel_attn.integration.cache import RecurrentStateCache
 from hf_kernel_attn.kernels import KERNELS
-from tests.compat import cache_arg
+from tests.compat import cache_arg, needs_state_cache
 
 CAUSAL = [n for n, c in KERNELS.items() if c.supports_causal]
 TEXTS = ["The capital of France is", "Once upon a time, in a small village by the sea, there lived an old", "Hi"]
@@ -120,6 +120,7 @@ def test_generate_is_unchanged_by_the_hook(kernel):
     assert torch.equal(torch.stack(with_hook.logits), torch.stack(without.logits))
 
 
+@needs_state_cache
 @pytest.mark.parametrize("kernel", ["dijiang", "performer"])
 def test_manual_decoding_with_a_cache_and_full_mask(kernel):
     """A hand-written decode loop (mask covers past + new tokens, no position_ids) gives generate()'s logits."""
@@ -139,6 +140,7 @@ def test_manual_decoding_with_a_cache_and_full_mask(kernel):
     torch.testing.assert_close(torch.stack(logits, 1), torch.stack(gen.logits, 1), atol=1e-5, rtol=1e-4)
 
 
+@needs_state_cache
 def test_mask_not_covering_the_past_raises():
     model = small_llama("elu")
     ids, mask = random_left_padded([5, 3], seed=3)

@@ -10,6 +10,7 @@ import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache, cache_bytes, new_cache
 from hf_kernel_attn.kernels import LayerShape, build_kernel
 from hf_kernel_attn.kernels.linear import PastKeys
+from tests.compat import needs_state_cache
 from tests.kernels.sparse_cache_reference import (
     SCALING,
     D,
@@ -130,6 +131,7 @@ def test_bad_options_name_the_problem():
         kern(q, k, v, causal=False, scaling=SCALING)
 
 
+@needs_state_cache
 def test_cache_bytes_do_not_grow_with_the_context():
     """The decode cache after prompts of 96, 160 and 320 tokens holds the same bytes (fixed slots)."""
     model = tiny_lm()
@@ -144,6 +146,7 @@ def test_cache_bytes_do_not_grow_with_the_context():
     assert sizes[0] == sizes[1] == sizes[2] > 0
 
 
+@needs_state_cache
 @pytest.mark.parametrize("capacity, block, sinks", [(4, 3, 2), (20_000, 3, 2), (4, 30_000, 2), (4, 3, 30_000)])
 def test_cached_generation_equals_recomputation_with_left_padding(capacity, block, sinks):
     """Also with a cache, a block or sinks far larger than the 60 tokens (slots grown with use while decoding)."""
@@ -162,6 +165,7 @@ def test_cached_generation_equals_recomputation_with_left_padding(capacity, bloc
     torch.testing.assert_close(torch.stack(cached.logits), torch.stack(full.logits), rtol=1e-4, atol=1e-4)
 
 
+@needs_state_cache
 @pytest.mark.slow(30)
 def test_smollm2_decodes_with_its_sparse_cache_like_one_full_forward(smollm2, fresh, decodes_like_full_forward):
     """Acceptance: SmolLM2 with hedgehog, window 64 + 4 sinks + a 32-pair sparse cache greedily decodes
@@ -246,6 +250,7 @@ def test_plain_hybrid_decode_steps_equal_one_forward(name):
     torch.testing.assert_close(stream_state.S, state.S, rtol=1e-10, atol=1e-12)
 
 
+@needs_state_cache
 def test_bf16_autocast_runs_the_cache_close_to_float32():
     """`torch.autocast("cpu", torch.bfloat16)` around a sparse-cache model (the scores and the state stay float32
     inside the kernel): a prefill's logits stay within bf16 rounding of the float32 model's, and token-by-token

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from ...integration.cache import cache_bytes, new_cache
+from ...integration.cache import cache_bytes, cache_kwarg, new_cache
 from ..families.text import read_text_task
 from ..presses import PressResult, PressRunner
 from ..task import accuracy_stderr
@@ -96,7 +96,8 @@ def prompt_cache_bytes(model, ids: list[int]) -> int:
     the prompt (a growing K/V cache for softmax; states, windows and sinks for the plugin's kernels)."""
     cache = new_cache(model)
     kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    model(input_ids=torch.tensor([ids], device=_device(model)), cache=cache, use_cache=True, **kwargs)
+    kwargs[cache_kwarg(model)] = cache
+    model(input_ids=torch.tensor([ids], device=_device(model)), use_cache=True, **kwargs)
     return cache_bytes(cache)
 
 
