@@ -41,8 +41,7 @@ export HF_KERNEL_ATTN_TEST_CACHE="$VENV/test-cache"
 status=0
 ruff check hf_kernel_attn tests scripts benchmarks || status=1
 LOWEST_TESTS=${LOWEST_TESTS:-"tests/integration tests/evaluation/test_long_context.py
-    tests/commands/test_corrupt_checkpoints.py tests/training/test_training.py tests/test_packaging.py tests/test_cli.py
-    --ignore=tests/integration/test_architectures.py"}
+    tests/commands/test_corrupt_checkpoints.py tests/training/test_training.py tests/test_packaging.py tests/test_cli.py"}
 # shellcheck disable=SC2086  # a list of paths
 python -m pytest -q -n 2 $LOWEST_TESTS || status=1
 grep -v '^peft==' "$CONSTRAINTS" > "$VENV/constraints-press.txt"
