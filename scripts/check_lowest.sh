@@ -20,7 +20,14 @@
 #   LOWEST_TESTS=tests bash scripts/check_lowest.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${1:-$(mktemp -d /tmp/hf_kernel_attn-lowest.XXXXXX)}"
+if [[ -n "${1:-}" ]]; then
+    VENV="$1"
+else
+    # a scratch folder of about 2 GB (torch, the test checkpoints): removed on exit, so that repeated runs on one
+    # machine do not fill its disk
+    VENV="$(mktemp -d /tmp/hf_kernel_attn-lowest.XXXXXX)"
+    trap 'rm -rf "$VENV"' EXIT
+fi
 python -m venv "$VENV"
 PY="$VENV/bin/python"
 CONSTRAINTS=constraints-min.txt

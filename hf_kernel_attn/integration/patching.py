@@ -11,6 +11,7 @@ Three entry points share one implementation (:func:`apply_config`):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -18,6 +19,7 @@ import json
 import os
 import sys
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -223,6 +225,19 @@ def _stock_request(model: nn.Module, impl: Any) -> str | None:
     return None
 
 
+_DROPPED: dict[int, weakref.ref] = {}  # configs whose saved kernel an explicit stock request dropped
+
+
+def _ignore_kernel_tensors(model: nn.Module) -> None:
+    """The checkpoint's ``*.kernel_attn.*`` tensors are expected and unused: not in transformers' load report."""
+    ignore = getattr(model, "_keys_to_ignore_on_load_unexpected", None)
+    pattern = r"\.kernel_attn\."
+    if isinstance(ignore, set):  # transformers from 5.4 keep them as a set (collected from the submodels)
+        model._keys_to_ignore_on_load_unexpected = {*ignore, pattern}
+    else:
+        model._keys_to_ignore_on_load_unexpected = [*(ignore or []), pattern]
+
+
 def _drop_saved_kernel(model: nn.Module, impl: str, data: dict) -> None:
     """An explicit stock ``attn_implementation`` on a saved kernel model wins: the model is the base model with
     that attention, its config forgets the kernel (so it saves as what runs), and its kernel tensors are ignored
@@ -230,8 +245,10 @@ def _drop_saved_kernel(model: nn.Module, impl: str, data: dict) -> None:
     config = model.config
     delattr(config, CONFIG_KEY)
     forget_remote_code(config)
-    ignore = list(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
-    model._keys_to_ignore_on_load_unexpected = [*ignore, r"\.kernel_attn\."]
+    _ignore_kernel_tensors(model)
+    key = id(config)
+    with contextlib.suppress(TypeError):  # the models built on this config later (the head around this one)
+        _DROPPED[key] = weakref.ref(config, lambda _ref: _DROPPED.pop(key, None))
     warnings.warn(
         f"attn_implementation={impl!r} was requested for a model saved with the hf_kernel_attn kernel "
         f"{data.get('kernel')!r} (config.{CONFIG_KEY}): it runs {impl!r} attention, the checkpoint's kernel tensors "
@@ -249,6 +266,11 @@ def sync_from_config(model: nn.Module) -> None:
         return
     impl = getattr(config, "_attn_implementation_internal", None)
     data = getattr(config, CONFIG_KEY, None)
+    dropped = _DROPPED.get(id(config))
+    if not data and dropped is not None and dropped() is config:
+        # a head built around the model that dropped the kernel: transformers before 5.4 reports unexpected keys
+        # from the outer model's own patterns only
+        _ignore_kernel_tensors(model)
     stock = _stock_request(model, impl) if data else None
     if stock is not None:
         _drop_saved_kernel(model, stock, data)
