@@ -179,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--tasks", nargs="+", required=True,
                     help="wikitext2 ptb tinyshakespeare | lambada_openai arc_easy arc_challenge piqa boolq copa "
                          "openbookqa (through lm-eval) | sst2 mrpc rte cola stsb | stsb_embedding | "
-                         "passkey niah kv_recall position_loss (long context) | a task of your own, registered by a "
+                         "passkey niah kv_recall position_loss (long context) | niah_single_1 niah_multikey_2 "
+                         "niah_multikey_3 ruler_vt ruler_cwe ruler_fwe (RULER through lm-eval, per length; "
+                         "--limit prompts each) | a task of your own, registered by a "
                          "--import module (hf_kernel_attn.evaluation.tasks.register_eval_task)")
     ev.add_argument("--data-dir", default=None, help="local data laid out as in EVAL_SPLITS.md (default: the hub)")
     ev.add_argument("--split", default="validation", choices=["validation", "test"])
@@ -226,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--data-dir", default=None, help="local data (default: the config's, else ../shared/data)")
     lb.add_argument("--output-dir", default=None, help="where results.jsonl and the leaderboard go")
     lb.add_argument("--retry-errors", action="store_true", help="rerun cells that failed before")
+    lb.add_argument("--quick", action="store_true",
+                    help="the smaller run the config's quick: list describes (KEY=VALUE overrides, before --set)")
     lb.add_argument("--jobs", type=_positive_int, default=None,
                     help="processes (default: the config's jobs, else 1); >= 2 evaluates the (model, kernel) rows, "
                          "conversions first, in that many processes, each on its share of the cores")

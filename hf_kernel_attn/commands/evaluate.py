@@ -71,7 +71,7 @@ def eval_command(args: argparse.Namespace) -> int:
 
 def leaderboard_command(args: argparse.Namespace) -> int:
     table = leaderboard(args.config, data_dir=args.data_dir, output_dir=args.output_dir,
-                        retry_errors=args.retry_errors, jobs=args.jobs, overrides=args.set)
+                        retry_errors=args.retry_errors, jobs=args.jobs, overrides=args.set, quick=args.quick)
     print(table["markdown"])
     print(f"({table['seconds']:.0f} s)")
     return 0

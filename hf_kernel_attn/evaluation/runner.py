@@ -18,12 +18,11 @@ import hf_kernel_attn
 from ..kernels import SOFTMAX
 from ..model_paths import check_local_path, load_errors, locate_model
 from .families.embedding import embed, mean_pool
-from .families.long_context import COST_KEYS, LONG_CONTEXT_KEYS, PRESS_KEYS, LongContextEvalTask
-from .families.long_context import TASKS as LONG_CONTEXT_TASKS
+from .families.long_context import COST_KEYS, LONG_CONTEXT_KEYS, PRESS_KEYS
 from .long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
 from .long_context.plots import plot_long_context
 from .presses import PRESSES, PressRunner, require_kvpress
-from .task import MODEL_CLASSES, RECORD_KEYS, EvalOptions, EvalRun, EvalTask
+from .task import EVAL_TASKS, MODEL_CLASSES, RECORD_KEYS, EvalOptions, EvalRun, EvalTask
 from .tasks import check_data_files, check_split, check_split_of, get_task, get_tasks
 
 __all__ = ["COST_KEYS", "LONG_CONTEXT_KEYS", "PRESS_KEYS", "RECORD_KEYS", "EvalSettings", "ModelSpec",
@@ -138,9 +137,9 @@ def check_press(settings: EvalSettings, tasks: list[EvalTask], spec: ModelSpec |
         raise ValueError(f"--compression must be in [0, 1), got {ratio!r}")
     if target is not None and (isinstance(target, bool) or not isinstance(target, int) or target < 1):
         raise ValueError(f"--press-bytes must be an integer >= 1, got {target!r}")
-    bad = [t.name for t in tasks if not (isinstance(t, LongContextEvalTask) and t.takes_press)]
+    bad = [t.name for t in tasks if not t.takes_press]
     if bad:
-        able = [t.name for t in LONG_CONTEXT_TASKS if t.takes_press]
+        able = [name for name, task in EVAL_TASKS.items() if task.takes_press]
         raise ValueError(f"--press runs the long-context tasks that ask a question after a context ({able}), "
                          f"not {bad}")
     if spec is not None and (spec.kernel is not None or spec.params or spec.layers is not None):
@@ -184,8 +183,8 @@ def run_eval(spec: ModelSpec, tasks: list[str], settings: EvalSettings | None = 
         try:
             run = EvalRun.of(options, task=obj.name, model=model, tokenizer=tok,
                              describe=lambda model=model: spec.describe(model))
-            if settings.press is not None and isinstance(obj, LongContextEvalTask):  # check_press: every task is
-                with PressRunner(model, settings.press, settings.compression,  # one, with a question
+            if settings.press is not None:  # check_press: every task takes a press
+                with PressRunner(model, settings.press, settings.compression,
                                  target_bytes=settings.press_bytes) as press:
                     new = obj.run_with_press(run, press)
             else:

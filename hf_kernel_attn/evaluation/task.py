@@ -84,6 +84,7 @@ class EvalTask:
     by_length: bool = False
     splits: tuple[str, ...] = SPLITS
     hub_task_type: str = "text-generation"  # a model card's task type for this task's results
+    takes_press: bool = False  # a KV-cache press can run it (it asks a question after a context): run_with_press
 
     def files(self, split: str) -> list[str]:
         """The local files (relative to ``--data-dir``) the task reads for ``split`` (EVAL_SPLITS.md)."""
@@ -98,6 +99,12 @@ class EvalTask:
     def run(self, run: EvalRun) -> list[dict[str, Any]]:
         """Score ``run.model`` on ``run.split``; the records, built with ``run.record``."""
         raise NotImplementedError
+
+    def run_with_press(self, run: EvalRun, press: Any) -> list[dict[str, Any]]:
+        """:meth:`run` with each prompt's context compressed by ``press`` (a
+        :class:`~hf_kernel_attn.evaluation.presses.PressRunner` on ``run.model``) before its question: tasks
+        with ``takes_press`` implement it."""
+        raise ValueError(f"a KV-cache press cannot run {self.name!r}: it asks no question after a context")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {getattr(self, 'name', '?')!r}>"

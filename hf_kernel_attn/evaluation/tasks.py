@@ -18,11 +18,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .families import embedding, glue, lm_eval, long_context, text
+from .families import embedding, glue, lm_eval, long_context, ruler, text
 from .families.embedding import EmbeddingTask
 from .families.glue import GlueEvalTask, glue_metrics
 from .families.lm_eval import LmEvalTask
 from .families.long_context import LongContextEvalTask
+from .families.ruler import RulerTask
 from .families.text import TINYSHAKESPEARE_HOLDOUT, TextTask, read_text_task
 from .task import (
     EVAL_TASKS,
@@ -43,12 +44,13 @@ from .task import (
 )
 
 __all__ = ["ALL_TASKS", "EMBEDDING_TASKS", "EVAL_TASKS", "GLUE_EVAL_TASKS", "LM_EVAL_TASKS", "LONG_CONTEXT_TASKS",
-           "MODEL_CLASSES", "NATURAL_TEXT_TASKS", "SPLITS", "TEXT_TASKS", "TINYSHAKESPEARE_HOLDOUT", "EmbeddingTask",
-           "EvalOptions", "EvalRun", "EvalTask", "GlueEvalTask", "LmEvalTask", "LongContextEvalTask", "TextTask",
-           "accuracy_stderr", "check_data_files", "check_split", "check_tasks", "expected_files", "get_task",
-           "get_tasks", "glue_metrics", "model_kind", "read_text_task", "register_eval_task"]
+           "MODEL_CLASSES", "NATURAL_TEXT_TASKS", "RULER_TASKS", "SPLITS", "TEXT_TASKS", "TINYSHAKESPEARE_HOLDOUT",
+           "EmbeddingTask", "EvalOptions", "EvalRun", "EvalTask", "GlueEvalTask", "LmEvalTask", "LongContextEvalTask",
+           "RulerTask", "TextTask", "accuracy_stderr", "check_data_files", "check_split", "check_tasks",
+           "expected_files", "get_task", "get_tasks", "glue_metrics", "model_kind", "read_text_task",
+           "register_eval_task"]
 
-for _task in (*text.TASKS, *lm_eval.TASKS, *glue.TASKS, *embedding.TASKS, *long_context.TASKS):
+for _task in (*text.TASKS, *lm_eval.TASKS, *glue.TASKS, *embedding.TASKS, *long_context.TASKS, *ruler.TASKS):
     register_eval_task(_task)  # the built-in tasks, family by family: the order of ALL_TASKS and of the messages
 
 ALL_TASKS = TaskNames()
@@ -57,6 +59,7 @@ LM_EVAL_TASKS = TaskNames(lambda t: isinstance(t, LmEvalTask))
 GLUE_EVAL_TASKS = TaskNames(lambda t: isinstance(t, GlueEvalTask))
 EMBEDDING_TASKS = TaskNames(lambda t: isinstance(t, EmbeddingTask))
 LONG_CONTEXT_TASKS = TaskNames(lambda t: isinstance(t, LongContextEvalTask))
+RULER_TASKS = TaskNames(lambda t: isinstance(t, RulerTask))
 NATURAL_TEXT_TASKS = TaskNames(lambda t: isinstance(t, LongContextEvalTask) and t.needs_text)  # read wikitext2
 
 

@@ -33,7 +33,7 @@ from typing import Any
 from ..data import GLUE_TASKS, load_glue
 from ..evaluation.lm_eval_tasks import local_task_dir
 from ..evaluation.task import LOWER_IS_BETTER, find_task
-from ..evaluation.tasks import EmbeddingTask, GlueEvalTask, LmEvalTask, LongContextEvalTask
+from ..evaluation.tasks import EmbeddingTask, GlueEvalTask, LmEvalTask, LongContextEvalTask, RulerTask
 
 __all__ = ["LOWER_IS_BETTER", "Chance", "at_chance", "chance_level", "correlation_chance", "multiple_choice_chance"]
 
@@ -92,6 +92,8 @@ def chance_level(task: str, metric: str, n: int | None, *, split: str = "validat
     obj = find_task(task)
     if isinstance(obj, LongContextEvalTask):
         return Chance(0.0, 0.0, "an exact generated answer: 0") if metric in OPEN_ANSWER_METRICS else None
+    if isinstance(obj, RulerTask):
+        return Chance(0.0, 0.0, "generated answers matched as strings: 0")
     if isinstance(obj, EmbeddingTask) or (isinstance(obj, GlueEvalTask) and metric in CORRELATIONS):
         return correlation_chance(n) if metric in CORRELATIONS and n > 1 else None
     if isinstance(obj, GlueEvalTask):

@@ -38,27 +38,27 @@ index lists, e.g. ``--set limit=1 --set models.2.finetune_set=[max_steps=2]``)::
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 from ..configfile import ConfigError, nearest_key, read_yaml_file, resolve_package_path
 from ..configfile import apply_overrides as shared_overrides
-from ..evaluation.families.long_context import TASKS as LONG_CONTEXT_TASKS
 from ..evaluation.long_context.base import DEFAULT_DEPTHS, DEFAULT_LENGTHS, DEFAULT_SAMPLES
 from ..evaluation.long_context.runner import check_long_context_args
 from ..evaluation.presses import PRESSES, require_kvpress
-from ..evaluation.tasks import check_split, check_tasks, get_tasks
+from ..evaluation.tasks import EVAL_TASKS, check_split, check_tasks, get_tasks
 from ..kernels import KERNELS, import_modules
 from ..model_paths import CorruptCheckpointError, check_checkpoint
 
 __all__ = ["LONG_KEYS", "PRESS_KEYS", "PressUnavailableError", "apply_overrides", "load_leaderboard_config",
-           "press_row", "require_presses", "task_limit"]
+           "press_here", "press_row", "require_presses", "task_limit"]
 
 MODEL_KEYS = {"name", "model", "gguf_file", "kernels", "kernel_params", "tasks", "finetune", "finetune_set",
               "layers", "lengths", "depths", "samples"}
 LONG_KEYS = ("lengths", "depths", "samples")  # a model entry's own long-context grid (default: the top level's)
 TOP_KEYS = {"imports", "output_dir", "data_dir", "split", "context", "batch_size", "limit", "models", "lengths",
-            "depths", "samples", "seed", "speed", "jobs"}
+            "depths", "samples", "seed", "speed", "jobs", "quick", "press_python"}
 PRESS_KEYS = {"press", "compression", "press_bytes", "label"}  # a `kernels:` item that is a KV-cache press row
 PRESSES_KEY = "presses"  # a checked entry's {row label: {press, compression, press_bytes}} (its press rows)
 SPEED_DEFAULTS = {"length": 512, "repeats": 3}  # the interleaved benchmark behind the speed plot (speed.jsonl)
@@ -87,11 +87,18 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None,
                             output_dir: str | None = None, jobs: int | None = None,
-                            overrides: list[str] | None = None) -> dict[str, Any]:
+                            overrides: list[str] | None = None, quick: bool = False) -> dict[str, Any]:
     """Read and check a leaderboard YAML (with ``overrides``, ``KEY=VALUE`` items as in ``--set``); every error
-    is a ValueError naming the bad key or value."""
-    cfg = apply_overrides(_read(Path(path)), list(overrides or []))
-    _unknown_keys(set(cfg), TOP_KEYS, "leaderboard")
+    is a ValueError naming the bad key or value. ``quick``: the file's ``quick:`` list of ``KEY=VALUE`` items is
+    applied first (a smaller run of the same profile), then ``overrides``."""
+    cfg = _read(Path(path))
+    shortcut = cfg.pop("quick", None)
+    if shortcut is not None and (not isinstance(shortcut, list) or not all(isinstance(x, str) for x in shortcut)):
+        raise ValueError(f"leaderboard quick must be a list of KEY=VALUE overrides (as --set takes), got {shortcut!r}")
+    if quick and not shortcut:
+        raise ValueError(f"--quick: leaderboard config {str(path)!r} has no quick: list of KEY=VALUE overrides")
+    cfg = apply_overrides(cfg, [*(shortcut if quick else []), *(overrides or [])])
+    _unknown_keys(set(cfg), TOP_KEYS - {"quick"}, "leaderboard")
     imports = cfg.setdefault("imports", [])
     if not isinstance(imports, list) or not all(isinstance(x, str) for x in imports):
         raise ValueError(f"leaderboard imports must be a list of module names, got {imports!r}")
@@ -117,6 +124,7 @@ def load_leaderboard_config(path: str | os.PathLike, data_dir: str | None = None
     if not _is_count(cfg["jobs"]):
         raise ValueError(f"leaderboard jobs must be an integer >= 1 (processes: 1 runs every cell in turn), got "
                          f"{cfg['jobs']!r}")
+    cfg["press_python"] = _checked_press_python(cfg.get("press_python"))
     check_split(cfg["split"])
     for key in ("context", "batch_size"):
         if not _is_count(cfg[key]):
@@ -208,15 +216,52 @@ def press_row(m: dict[str, Any], kernel: str) -> dict[str, Any] | None:
     return (m.get(PRESSES_KEY) or {}).get(kernel)
 
 
-def require_presses(m_rows: list[tuple[dict[str, Any], str]]) -> None:
+def _checked_press_python(value: Any) -> str | None:
+    """``press_python:``: null or the path of a Python interpreter (relative paths: from the working folder)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"leaderboard press_python must be null or the path of a Python interpreter (e.g. "
+                         f".venv-press/bin/python, made by `bash scripts/setup.sh --press`), got {value!r}")
+    return value
+
+
+def press_here(cfg: dict[str, Any]) -> bool:
+    """Whether press rows run in this process's environment: kvpress is usable here, or no ``press_python`` names
+    another interpreter (then :func:`require_presses` reports what is missing)."""
+    if cfg.get("press_python") is None:
+        return True
+    try:
+        require_kvpress()
+    except ImportError:
+        return False
+    return True
+
+
+def require_presses(m_rows: list[tuple[dict[str, Any], str]], press_python: str | None = None) -> None:
     """Before a sweep evaluates (or converts) anything: where one of the (model entry, row) pairs is a press row,
-    kvpress is importable (:func:`~hf_kernel_attn.evaluation.presses.require_kvpress`); else
-    :class:`PressUnavailableError` with its install line."""
-    if any(press_row(m, kernel) is not None for m, kernel in m_rows):
-        try:
-            require_kvpress()
-        except ImportError as exc:
+    kvpress is importable here (:func:`~hf_kernel_attn.evaluation.presses.require_kvpress`) or in the interpreter
+    ``press_python`` names (which must import kvpress and this package); else :class:`PressUnavailableError` with
+    the install line."""
+    if not any(press_row(m, kernel) is not None for m, kernel in m_rows):
+        return
+    try:
+        require_kvpress()
+        return
+    except ImportError as exc:
+        if press_python is None:
             raise PressUnavailableError(f"leaderboard press rows: {exc}") from None
+        here = str(exc)
+    check = "import hf_kernel_attn.evaluation.presses as p; p.require_kvpress()"
+    try:
+        proc = subprocess.run([press_python, "-c", check], capture_output=True, text=True, timeout=600)
+    except OSError as exc:
+        raise PressUnavailableError(f"leaderboard press rows: kvpress is not usable here ({here}) and press_python "
+                                    f"{press_python!r} cannot run: {exc}") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise PressUnavailableError(f"leaderboard press rows: kvpress is not usable here ({here}), nor in "
+                                    f"press_python {press_python!r}: {last}") from None
 
 
 def _size(n: int) -> str:
@@ -266,8 +311,8 @@ def _take_press_rows(m: dict[str, Any]) -> None:
 
 def _check_press_tasks(m: dict[str, Any]) -> None:
     """An entry with press rows runs only the long-context tasks that ask a question after a context."""
-    able = [t.name for t in LONG_CONTEXT_TASKS if t.takes_press]
-    bad = [t.name for t in get_tasks(m["tasks"]) if t.name not in able]
+    able = [name for name, task in EVAL_TASKS.items() if task.takes_press]
+    bad = [t.name for t in get_tasks(m["tasks"]) if not t.takes_press]
     if bad:
         raise ValueError(f"leaderboard model {m['name']!r}: a press row runs the long-context tasks that ask a "
                          f"question after a context ({able}), not {bad}: put those tasks in another entry")

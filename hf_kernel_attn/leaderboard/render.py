@@ -12,9 +12,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..evaluation.families.ruler import RULER_TASKS
 from ..evaluation.long_context.plots import plot_long_context
 from ..evaluation.task import TaskMap, find_task, main_metric
 from ..fileio import read_jsonl
+from .bytes_plot import plot_recall_vs_bytes
 from .chance import Chance, at_chance, chance_level
 from .plots import CHANCE_RULE, Key, write_plots
 from .progress import heartbeat
@@ -76,11 +78,16 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
     if written:
         print(f"plots: wrote {', '.join(str(p) for p in written)}", flush=True)
     long_records = [r for r in records if r["split"] == split and _by_length(r["task"])]
-    if long_records:
-        try:
-            plot_long_context(long_records, out / "long_context")
-        except ImportError:
-            pass
+    grid_records = [r for r in long_records if r["task"] not in RULER_TASKS]  # RULER has no depth grid
+    try:
+        if grid_records:
+            plot_long_context(grid_records, out / "long_context")
+        if any(r.get("cache_bytes") for r in long_records):
+            written = plot_recall_vs_bytes(long_records, out)
+            if written:
+                print(f"plots: wrote {', '.join(str(p) for p in written)}", flush=True)
+    except ImportError:  # no matplotlib: the table without its plots
+        pass
     return {"rows": rows, "columns": columns, "markdown": "\n".join(lines)}
 
 

@@ -37,9 +37,10 @@ __all__ = ["leaderboard", "run_leaderboard"]
 
 def leaderboard(config_path: str | os.PathLike, data_dir: str | None = None, output_dir: str | None = None,
                 retry_errors: bool = False, jobs: int | None = None,
-                overrides: list[str] | None = None) -> dict[str, Any]:
-    """The ``leaderboard`` command: read and check the config, then :func:`run_leaderboard`."""
-    cfg = load_leaderboard_config(config_path, data_dir, output_dir, jobs, overrides)
+                overrides: list[str] | None = None, quick: bool = False) -> dict[str, Any]:
+    """The ``leaderboard`` command: read and check the config (``quick``: with its ``quick:`` overrides), then
+    :func:`run_leaderboard`."""
+    cfg = load_leaderboard_config(config_path, data_dir, output_dir, jobs, overrides, quick=quick)
     return run_leaderboard(copy.deepcopy(cfg), retry_errors=retry_errors)
 
 
@@ -59,7 +60,7 @@ def run_leaderboard(cfg: dict[str, Any], retry_errors: bool = False) -> dict[str
     rows: list[PendingRow] = [(m, kernel, [t for t in m["tasks"] if (m["name"], kernel, t, cfg["split"]) not in done])
                               for m in cfg["models"] for kernel in m["kernels"]]
     rows = [r for r in rows if r[2]]
-    require_presses([(m, kernel) for m, kernel, _ in rows])  # kvpress, before any row converts or loads
+    require_presses([(m, kernel) for m, kernel, _ in rows], cfg.get("press_python"))  # before any row loads
     if rows:
         workers = min(cfg["jobs"], len(rows)) if len(rows) >= 2 else 1
         print(f"leaderboard: {sum(len(r[2]) for r in rows)} cell(s) of {len(rows)} row(s) to evaluate"

@@ -11,7 +11,9 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -25,10 +27,11 @@ from ..evaluation.task import main_metric
 from ..kernels import import_modules, is_softmax
 from ..model_paths import CorruptCheckpointError
 from ..training import finetune, load_config
-from .config import press_row, task_limit
+from .config import press_here, press_row, task_limit
 from .progress import duration, heartbeat
 
-__all__ = ["DAMAGED", "Emit", "PendingRow", "converts", "evaluate_row", "evaluate_rows_in_workers"]
+__all__ = ["DAMAGED", "Emit", "PendingRow", "converts", "eval_in_interpreter", "evaluate_row",
+           "evaluate_rows_in_workers"]
 
 DAMAGED = "damaged"  # what a worker returns, besides its cells and errors, for a row whose checkpoint is damaged
 Emit = Callable[[str, dict[str, Any], str, Any], None]  # emit(kind "cell" | "error", model entry, kernel, payload)
@@ -110,7 +113,10 @@ def evaluate_row(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: list
                                         batch_size=cfg["batch_size"], context=cfg["context"],
                                         lengths=m.get("lengths", cfg["lengths"]), depths=m.get("depths", cfg["depths"]),
                                         samples=m.get("samples", cfg["samples"]), seed=cfg["seed"], **press)
-                records = run_eval(spec, [task], settings, models=models)
+                if press and not press_here(cfg):
+                    records = eval_in_interpreter(cfg["press_python"], spec, task, settings)
+                else:
+                    records = run_eval(spec, [task], settings, models=models)
         except CorruptCheckpointError as exc:
             raise CorruptCheckpointError(f"leaderboard model {m['name']!r}: {exc}") from None
         except Exception as exc:
@@ -120,6 +126,30 @@ def evaluate_row(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: list
         score = f"{main[0]['metric']} {main[0]['value']:.4g}" if len(main) == 1 else f"{len(records)} records"
         print(f"{label}: {score} in {duration(time.perf_counter() - start)}", flush=True)
         emit("cell", m, kernel, records)
+
+
+def eval_in_interpreter(python: str, spec: ModelSpec, task: str, settings: EvalSettings) -> list[dict[str, Any]]:
+    """``task`` on the model of ``spec`` with ``settings`` by ``hf-kernel-attn eval`` in another Python interpreter
+    (``press_python``: the environment where kvpress fits); its records, as :func:`run_eval` returns them.
+    RuntimeError with the end of its error output when it fails."""
+    with tempfile.TemporaryDirectory(prefix="hf_kernel_attn-press-") as tmp:
+        output = Path(tmp) / "records.jsonl"
+        argv = [python, "-m", "hf_kernel_attn.cli", "eval", "--model", str(spec.model), "--tasks", task,
+                "--split", settings.split, "--batch-size", str(settings.batch_size), "--context", str(settings.context),
+                "--lengths", *map(str, settings.lengths), "--depths", *map(str, settings.depths),
+                "--samples", str(settings.samples), "--seed", str(settings.seed), "--press", str(settings.press),
+                "--threads", str(torch.get_num_threads()), "--output", str(output)]
+        argv += ["--gguf-file", spec.gguf_file] if spec.gguf_file else []
+        argv += ["--data-dir", str(settings.data_dir)] if settings.data_dir is not None else []
+        argv += ["--limit", str(settings.limit)] if settings.limit is not None else []
+        argv += (["--compression", str(settings.compression)] if settings.compression is not None
+                 else ["--press-bytes", str(settings.press_bytes)])
+        proc = subprocess.run(argv, stdout=sys.stdout, stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+            raise RuntimeError(f"{python} ran `hf-kernel-attn eval` for {task} and failed (exit {proc.returncode}): "
+                               f"{tail}")
+        return [json.loads(line) for line in output.read_text().splitlines() if line.strip()]
 
 
 def _row_in_worker(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: list[str],

@@ -21,6 +21,7 @@ from hf_kernel_attn.evaluation.tasks import (
     ALL_TASKS,
     EVAL_TASKS,
     LONG_CONTEXT_TASKS,
+    RULER_TASKS,
     EvalTask,
     check_tasks,
     expected_files,
@@ -42,6 +43,9 @@ OLD_MAIN_METRIC = {
     "openbookqa": "acc_norm", "sst2": "accuracy", "mrpc": "f1", "rte": "accuracy", "cola": "matthews_correlation",
     "stsb": "spearman", "stsb_embedding": "spearman", "passkey": "exact_match", "niah": "exact_match",
     "kv_recall": "exact_match", "position_loss": "loss",
+    # RULER's offline tasks through lm-eval: its string-match score, percent
+    "niah_single_1": "score", "niah_multikey_2": "score", "niah_multikey_3": "score", "ruler_vt": "score",
+    "ruler_cwe": "score", "ruler_fwe": "score",
 }
 
 
@@ -75,7 +79,7 @@ def test_every_task_has_a_kind_a_main_metric_and_files_for_each_split(name):
         files = task.files(split)
         assert isinstance(files, list) and all(isinstance(f, str) and f for f in files)
         assert expected_files(name, split) == files
-    assert task.by_length is (name in LONG_CONTEXT_TASKS)
+    assert task.by_length is (name in LONG_CONTEXT_TASKS or name in RULER_TASKS)
 
 
 def test_the_registry_holds_exactly_the_built_in_tasks_in_order():

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import statistics
 
+import numpy
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -304,3 +306,32 @@ def test_teacher_forced_queries_after_a_press(smollm2, smollm2_tok):
         (rec, *_) = run_long_context(smollm2, smollm2_tok, "kv_recall", grid, press=run)
     assert rec["cache_bytes"] == 100 * per and rec["press_bytes"] == 100 * per
     assert rec["compression"] == ratio_for_bytes(100 * per, smollm2.config, start, dtype=smollm2.dtype)
+
+
+@needs_kvpress
+@pytest.mark.real_model
+@pytest.mark.slow(60)
+def test_ruler_under_a_press_answers_as_kvpress_own_pipeline(smollm2_dir, smollm2, smollm2_tok, prompt, tmp_path,
+                                                             monkeypatch):
+    """RULER's niah_single_1 at 1k with snapkv at ratio 0.5 (eval's RULER path: lm-eval's own prompts, each split
+    before its last line): the answer is kvpress's own pipeline's on the same context and question ids, and the
+    cache after the context holds half a full cache's bytes (up to kvpress's floor)."""
+    from hf_kernel_attn.evaluation.families.ruler import question_start, ruler_task_manager, run_ruler
+
+    (tmp_path / "nltk" / "tokenizers" / "punkt_tab").mkdir(parents=True)
+    monkeypatch.setenv("NLTK_DATA", str(tmp_path / "nltk"))
+    pipe, ratio = prompt[0], 0.5
+    with press_runner(smollm2, "snapkv", ratio) as run:
+        score = run_ruler(smollm2, smollm2_tok, "niah_single_1", 1024, 1, press=run)
+    random.seed(0)  # as lm-eval's simple_evaluate seeds before it builds the prompts (some come from these states)
+    numpy.random.seed(1234)
+    task = ruler_task_manager(smollm2_dir, 1024).load_task_or_group(["niah_single_1"])["niah_single_1"]
+    task.build_all_requests(limit=1, rank=0, world_size=1)
+    ids = smollm2_tok(task.instances[0].args[0], add_special_tokens=False)["input_ids"]
+    start = question_start(ids, smollm2_tok)
+    expected = pipe.forward({"context_ids": torch.tensor([ids[:start]]),
+                             "questions_ids": [torch.tensor([ids[start:]])]},
+                            press=make_press("snapkv", ratio), max_new_tokens=128)[0]
+    assert score.answers[0].strip() == expected.strip()
+    per = kv_bytes_per_token(smollm2.config, smollm2.dtype)
+    assert score.cost["cache_bytes"] == int(start * (1 - ratio)) * per and score.cost["press"] == "snapkv"

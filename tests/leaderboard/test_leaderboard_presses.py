@@ -114,3 +114,49 @@ def test_a_press_row_sweeps_passkey_on_smollm2(smollm2_dir, tmp_path):
     assert "softmax+snapkv@0.5" in table["markdown"] and "iB)" in table["markdown"]
     csv_lines = (tmp_path / "lb" / "leaderboard.csv").read_text().splitlines()
     assert csv_lines[0].endswith(",cache_bytes") and csv_lines[1].split(",")[-1] == str(records[0]["cache_bytes"])
+
+
+def test_press_python_must_run_kvpress_before_any_row_loads(tmp_path, monkeypatch):
+    """press_python: where kvpress is missing here, the press rows run in that interpreter; one that cannot run, or
+    lacks kvpress, stops the sweep up front, naming it."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "kvpress" else real(name, *a))
+    started = []
+    monkeypatch.setattr(runner, "evaluate_row", lambda *a: started.append(a))
+    entry = _entry({"press": "snapkv", "compression": 0.5})
+    missing = str(tmp_path / "no-such-venv" / "bin" / "python")
+    with pytest.raises(PressUnavailableError, match="press_python .*no-such-venv.* cannot run"):
+        runner.run_leaderboard(load_leaderboard_config(_write(tmp_path, [entry], press_python=missing)))
+    fake = tmp_path / "python-without-kvpress"
+    fake.write_text("#!/bin/sh\necho 'ImportError: no kvpress in this one' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(PressUnavailableError, match="nor in press_python .*no kvpress in this one"):
+        runner.run_leaderboard(load_leaderboard_config(_write(tmp_path, [entry], press_python=str(fake))))
+    assert started == []
+    with pytest.raises(ValueError, match="press_python must be null or the path of a Python interpreter"):
+        load_leaderboard_config(_write(tmp_path, [entry], press_python=3))
+
+
+@pytest.mark.skipif(not _kvpress_usable(), reason="kvpress is not installed here (or transformers is outside its pin)")
+@pytest.mark.slow(60)
+def test_a_press_row_in_another_interpreter_records_what_it_does_here(smollm2_dir, tmp_path, monkeypatch):
+    """The same press row run in this process and through press_python (here: this interpreter, in a subprocess,
+    as a second environment would run it) gives the same records."""
+    import sys
+
+    from hf_kernel_attn.leaderboard import workers
+
+    entry = {"name": "smollm2", "model": str(smollm2_dir), "tasks": ["passkey"],
+             "kernels": [{"press": "snapkv", "press_bytes": 4_000_000}]}
+    here = runner.leaderboard(_write(tmp_path, [entry]))
+    monkeypatch.setattr(workers, "press_here", lambda cfg: False)
+    there_dir = tmp_path / "there"
+    there_dir.mkdir()
+    there = runner.leaderboard(_write(there_dir, [entry], press_python=sys.executable))
+    assert here["markdown"] == there["markdown"]
+
+    def records(folder):
+        keep = ("kernel_row", "task", "metric", "value", "length", "depth", "cache_bytes", "compression", "press")
+        return [{k: r[k] for k in keep} for r in map(json.loads, (folder / "lb" / "results.jsonl").read_text()
+                                                      .splitlines())]
+    assert records(tmp_path) == records(there_dir) and records(tmp_path)
