@@ -67,6 +67,32 @@ def pareto_front(points: Sequence[Point]) -> list[Point]:
     return front
 
 
+def bytes_table(records: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown lines: per row and length, the RULER average and ``niah`` (percent), the decode cache after the
+    prompt (MiB: the mean over the row's recall records at that length) and the decode step (ms/token: the median
+    over the records that timed one, the generated answers of ``niah`` and ``passkey``); empty without cache
+    bytes."""
+    keyed: dict[tuple[str, str], dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        if isinstance(r.get("length"), int) and r.get("cache_bytes") is not None:
+            keyed[(r["model_name"], r["kernel_row"])][r["length"]].append(r)
+    if not keyed:
+        return []
+    lines = ["| row | length | RULER average % | niah % | cache MiB | decode ms/token |", "|---|---|---|---|---|---|"]
+    for (name, kernel), by_length in keyed.items():
+        for length, rs in sorted(by_length.items()):
+            cells = []
+            for panel in PANELS:
+                points = [p for p in recall_points(rs, panel, length) if p.label == row_label(name, kernel)]
+                cells.append(f"{points[0].recall:.0f} ({points[0].tasks} tasks)" if panel == RULER_AVERAGE and points
+                             else f"{points[0].recall:.0f}" if points else "–")
+            cache = statistics.fmean(float(r["cache_bytes"]) for r in rs) / 2**20
+            steps = [float(r["decode_ms_per_token"]) for r in rs if r.get("decode_ms_per_token") is not None]
+            step = f"{statistics.median(steps):.0f}" if steps else "–"
+            lines.append(f"| {row_label(name, kernel)} | {length} | {cells[0]} | {cells[1]} | {cache:.1f} | {step} |")
+    return lines
+
+
 def plot_recall_vs_bytes(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list[Path]:
     """Write one figure per length with points (``recall_vs_bytes_<length>.png``); the paths written."""
     import matplotlib

@@ -16,7 +16,7 @@ from ..evaluation.families.ruler import RULER_TASKS
 from ..evaluation.long_context.plots import plot_long_context
 from ..evaluation.task import TaskMap, find_task, main_metric
 from ..fileio import read_jsonl
-from .bytes_plot import plot_recall_vs_bytes
+from .bytes_plot import bytes_table, plot_recall_vs_bytes
 from .chance import Chance, at_chance, chance_level
 from .plots import CHANCE_RULE, Key, write_plots
 from .progress import heartbeat
@@ -70,6 +70,10 @@ def render(cfg: dict[str, Any], records: list[dict[str, Any]], errors: list[dict
     if failed:
         notes.append("Errors (rerun with --retry-errors):\n")
         notes += [f"- {k[0]} / {k[1]} / {k[2]}: {v}" for k, v in sorted(failed.items())]
+    recall_bytes = bytes_table([r for r in records if r["split"] == split and _by_length(r["task"])])
+    if recall_bytes:
+        notes += ["\nRecall against the decode cache that bought it (recall_vs_bytes_<length>.png):\n",
+                  *recall_bytes, ""]
     (out / "leaderboard.md").write_text("\n".join(lines) + "\n" + "\n".join(notes) + "\n")
     with open(out / "leaderboard.csv", "w", newline="") as f:
         csv.writer(f).writerows(csv_rows)

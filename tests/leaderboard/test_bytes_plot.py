@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from hf_kernel_attn.leaderboard.bytes_plot import Point, pareto_front, plot_recall_vs_bytes, recall_points
+from hf_kernel_attn.leaderboard.bytes_plot import Point, bytes_table, pareto_front, plot_recall_vs_bytes, recall_points
 
 
 def _brute_front(points):
@@ -50,3 +50,16 @@ def test_points_average_tasks_then_rows(tmp_path):
     assert [p.name for p in written] == ["recall_vs_bytes_1024.png", "recall_vs_bytes_2048.png"]
     assert all(p.stat().st_size > 10_000 for p in written)
     assert list(itertools.chain(recall_points(records, "niah", 2048))) == []
+
+
+def test_the_table_shows_recall_bytes_and_decode_step_per_row_and_length():
+    records = [_rec("m", "softmax", "niah_single_1", "score", 100, 1024, 40 * 2**20),
+               _rec("m", "softmax", "ruler_vt", "score", 50, 1024, 42 * 2**20),
+               {**_rec("m", "softmax", "niah", "exact_match", 100, 1024, 41 * 2**20, 50), "decode_ms_per_token": 30.0},
+               {**_rec("m", "softmax", "passkey", "exact_match", 100, 1024, 41 * 2**20, 50),
+                "decode_ms_per_token": 50.0},
+               _rec("m", "softmax+tova@10MiB", "niah_single_1", "score", 0, 1024, 10 * 2**20)]
+    lines = bytes_table(records)
+    assert lines[2] == "| m | 1024 | 75 (2 tasks) | 100 | 41.0 | 40 |"
+    assert lines[3] == "| m / softmax+tova@10MiB | 1024 | 0 (1 tasks) | – | 10.0 | – |"
+    assert bytes_table([{**r, "cache_bytes": None} for r in records]) == []
