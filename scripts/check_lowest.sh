@@ -54,7 +54,7 @@ python -m pytest -q -n 2 $LOWEST_TESTS || status=1
 grep -v '^peft==' "$CONSTRAINTS" > "$VENV/constraints-press.txt"
 echo "peft==0.20.0" >> "$VENV/constraints-press.txt"
 "$PY" -m pip install -q -c "$VENV/constraints-press.txt" -e ".[press]"
-python -m pytest -q -n 2 tests/evaluation/test_presses.py || status=1
+python -m pytest -q -n 2 tests/evaluation/test_presses.py tests/leaderboard/test_leaderboard_presses.py || status=1
 if [[ $status == 0 ]]; then
     echo "== PASS with the lowest supported versions ($VENV)"
 else
