@@ -39,11 +39,26 @@ def row_label(model_name: str, kernel_row: str) -> str:
     return model_name if is_softmax(kernel_row) else f"{model_name} / {kernel_row}"
 
 
-def recall_points(records: Sequence[dict[str, Any]], panel: str, length: int) -> list[Point]:
-    """The points of ``panel`` (a key of :data:`PANELS`) at ``length``: per row, the mean over its tasks of each
-    task's mean score at that length, at the mean ``cache_bytes`` of those records; rows without cache bytes are
-    left out."""
+def common_tasks(records: Sequence[dict[str, Any]], panel: str, length: int) -> tuple[str, ...]:
+    """The tasks of ``panel`` that every row with a point at ``length`` has: an average over them compares rows
+    on the same tasks."""
     tasks, metric = PANELS[panel]
+    per_row: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for r in records:
+        if r.get("task") in tasks and r.get("metric") == metric and r.get("length") == length \
+                and r.get("cache_bytes") is not None:
+            per_row[(r["model_name"], r["kernel_row"])].add(r["task"])
+    shared = set.intersection(*per_row.values()) if per_row else set()
+    return tuple(t for t in tasks if t in shared)
+
+
+def recall_points(records: Sequence[dict[str, Any]], panel: str, length: int,
+                  tasks: Sequence[str] | None = None) -> list[Point]:
+    """The points of ``panel`` (a key of :data:`PANELS`) at ``length``: per row, the mean over its tasks (only
+    ``tasks``, where given) of each task's mean score at that length, at the mean ``cache_bytes`` of those
+    records; rows without cache bytes are left out."""
+    panel_tasks, metric = PANELS[panel]
+    tasks = panel_tasks if tasks is None else tuple(tasks)
     per_row: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
         if r.get("task") in tasks and r.get("metric") == metric and r.get("length") == length \
@@ -103,13 +118,16 @@ def plot_recall_vs_bytes(records: Sequence[dict[str, Any]], out_dir: str | Path)
     lengths = sorted({r["length"] for r in records if isinstance(r.get("length"), int) and r.get("cache_bytes")})
     written = []
     for length in lengths:
-        panels = {panel: recall_points(records, panel, length) for panel in PANELS}
+        shared = {panel: common_tasks(records, panel, length) for panel in PANELS}
+        panels = {panel: recall_points(records, panel, length, shared[panel]) for panel in PANELS}
         panels = {k: v for k, v in panels.items() if v}
         if not panels:
             continue
         fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
         for ax, (panel, points) in zip(axes[0], panels.items(), strict=True):
             _draw(ax, panel, points, length)
+            if panel == RULER_AVERAGE:
+                ax.set_title(f"{panel} at {length} tokens\n(every row on {', '.join(shared[panel])})", fontsize=9)
         fig.tight_layout()
         path = Path(out_dir) / FILE.format(length=length)
         path.parent.mkdir(parents=True, exist_ok=True)

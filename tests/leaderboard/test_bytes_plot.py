@@ -6,7 +6,14 @@ from __future__ import annotations
 import itertools
 import random
 
-from hf_kernel_attn.leaderboard.bytes_plot import Point, bytes_table, pareto_front, plot_recall_vs_bytes, recall_points
+from hf_kernel_attn.leaderboard.bytes_plot import (
+    Point,
+    bytes_table,
+    common_tasks,
+    pareto_front,
+    plot_recall_vs_bytes,
+    recall_points,
+)
 
 
 def _brute_front(points):
@@ -63,3 +70,12 @@ def test_the_table_shows_recall_bytes_and_decode_step_per_row_and_length():
     assert lines[2] == "| m | 1024 | 75 (2 tasks) | 100 | 41.0 | 40 |"
     assert lines[3] == "| m / softmax+tova@10MiB | 1024 | 0 (1 tasks) | – | 10.0 | – |"
     assert bytes_table([{**r, "cache_bytes": None} for r in records]) == []
+
+
+def test_the_plotted_average_takes_the_tasks_every_row_has():
+    records = [_rec("m", "softmax", "niah_single_1", "score", 100, 4096, 40e6),
+               _rec("m", "softmax", "ruler_vt", "score", 0, 4096, 40e6),
+               _rec("m", "softmax+tova@10MiB", "ruler_vt", "score", 50, 4096, 10e6)]
+    assert common_tasks(records, "RULER average", 4096) == ("ruler_vt",)
+    points = recall_points(records, "RULER average", 4096, common_tasks(records, "RULER average", 4096))
+    assert sorted((p.label, p.recall) for p in points) == [("m", 0), ("m / softmax+tova@10MiB", 50)]
