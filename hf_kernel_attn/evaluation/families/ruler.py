@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ from typing import Any
 
 import torch
 
-from ..long_context.runner import prompt_cache_bytes
+from ..long_context.runner import press_cost, prompt_cache_bytes
 from ..presses import PressResult, PressRunner
 from ..task import EvalOptions, EvalRun, EvalTask
 
@@ -131,10 +130,7 @@ def run_ruler(model, tokenizer, task: str, length: int, limit: int, *, press: Pr
     value = out["results"][task][f"{int(length)},none"]
     samples = out["samples"][task]
     if press is not None:
-        results = lm.press_results
-        cost = {"cache_bytes": round(statistics.fmean(r.cache_bytes for r in results)), "press": press.name,
-                "compression": statistics.fmean(r.compression_ratio for r in results),
-                "press_bytes": press.target_bytes}
+        cost = press_cost(press, lm.press_results)
     else:
         prompt = samples[0]["arguments"][0][0] if samples else ""
         ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
