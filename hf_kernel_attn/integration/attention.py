@@ -114,10 +114,13 @@ def attention_forward(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: Any,
-    scaling: float | None = None,
     dropout: float = 0.0,
+    scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
+    """The attached kernel in place of transformers' attention function. The positional order (module, query,
+    key, value, attention_mask, dropout, scaling) is transformers' own (``sdpa_attention_forward``): wrappers
+    that other libraries put around every registered function (kvpress does) pass ``dropout`` by position."""
     kernel: Kernel | None = getattr(module, KERNEL_ATTR, None)
     if kernel is None:
         raise ValueError(

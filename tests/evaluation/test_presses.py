@@ -8,9 +8,12 @@ and scores the pipeline's answers."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import random
 import statistics
+import subprocess
+import sys
 
 import numpy
 import pytest
@@ -160,6 +163,52 @@ def test_a_press_is_refused_on_a_kernel_model():
     hf_kernel_attn.patch(model, kernel="hedgehog")
     with pytest.raises(ValueError, match="unconverted softmax model; this model has the 'hedgehog' kernel attached"):
         press_runner(model, "snapkv", 0.5)
+
+
+def test_the_attention_function_takes_dropout_then_scaling_by_position_like_transformers_own():
+    """Wrappers that other libraries put around every registered attention function (kvpress does) call
+    ``func(module, q, k, v, mask, dropout, **kwargs)``: the order is transformers' own sdpa function's."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from hf_kernel_attn.integration.attention import attention_forward
+
+    def positional(fn):
+        return [p.name for p in inspect.signature(fn).parameters.values()
+                if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+
+    assert positional(attention_forward) == positional(sdpa_attention_forward)[:len(positional(attention_forward))]
+
+
+KERNEL_AFTER_KVPRESS = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+import hf_kernel_attn
+from hf_kernel_attn.integration.attention import attention_forward
+torch.manual_seed(0)
+model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2)).eval()
+hf_kernel_attn.patch(model, kernel="hedgehog")
+ids = torch.randint(0, 64, (2, 12))
+with torch.no_grad():
+    before = model(ids).logits
+import kvpress  # wraps every function in ALL_ATTENTION_FUNCTIONS
+assert ALL_ATTENTION_FUNCTIONS["hedgehog"] is not attention_forward, "kvpress did not wrap the kernel's function"
+with torch.no_grad():
+    after = model(ids).logits
+    generated = model.generate(ids, max_new_tokens=4, do_sample=False)
+assert torch.equal(before, after), (before - after).abs().max()
+print("ok", generated.shape[1])
+"""
+
+
+@needs_kvpress
+def test_a_kernel_model_runs_unchanged_after_kvpress_wraps_the_attention_functions():
+    """kvpress, once imported, wraps every registered attention function and passes ``dropout`` by position;
+    a kernel model in the same process must keep its output (it raised 'got multiple values for scaling')."""
+    done = subprocess.run([sys.executable, "-c", KERNEL_AFTER_KVPRESS], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["ok", "16"]
 
 
 def test_eval_press_without_kvpress_prints_the_install_line(monkeypatch, capsys, smollm2_dir):
