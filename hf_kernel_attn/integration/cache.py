@@ -28,9 +28,10 @@ from ..kernels import Kernel, LinearKernel
 from .attention import KERNEL_ATTR, packed_segments
 from .cache_layers import RecurrentStateLayer, tensor_bytes
 from .modules import attention_modules
-from .window_cache import WindowKVLayer, is_windowed_softmax
+from .window_cache import RetentionKVLayer, WindowKVLayer, has_retention_slots, is_windowed_softmax
 
-__all__ = ["CACHE_KWARGS", "RecurrentStateCache", "RecurrentStateLayer", "WindowKVLayer", "cache_bytes", "cache_kwarg",
+__all__ = ["CACHE_KWARGS", "RecurrentStateCache", "RecurrentStateLayer", "RetentionKVLayer", "WindowKVLayer",
+           "cache_bytes", "cache_kwarg",
            "install_cache_hook", "is_windowed_softmax", "new_cache", "passes_update_kwargs", "remove_cache_hook",
            "wants_state_cache"]
 
@@ -38,6 +39,8 @@ __all__ = ["CACHE_KWARGS", "RecurrentStateCache", "RecurrentStateLayer", "Window
 def _cache_layer(kernel: Kernel | None):
     if isinstance(kernel, LinearKernel):
         return RecurrentStateLayer(window=kernel.window)
+    if has_retention_slots(kernel):
+        return RetentionKVLayer(kernel.options.budget())
     if is_windowed_softmax(kernel):
         return WindowKVLayer(window=kernel.window, sinks=kernel.sinks)
     return DynamicLayer()
@@ -62,7 +65,7 @@ class RecurrentStateCache(Cache):
         """Bytes held by the cache: recurrent states and windows plus any K/V of softmax-like layers."""
         total = 0
         for layer in self.layers:
-            if isinstance(layer, (RecurrentStateLayer, WindowKVLayer)):
+            if isinstance(layer, (RecurrentStateLayer, WindowKVLayer, RetentionKVLayer)):
                 total += layer.nbytes()
             elif getattr(layer, "is_initialized", False) and layer.keys is not None:
                 total += tensor_bytes(layer.keys, layer.values)

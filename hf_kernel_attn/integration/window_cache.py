@@ -11,17 +11,15 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from ..kernels import Kernel
-from ..kernels.softmax import (
-    SinkKeys,
-    SoftmaxKernel,
-    WindowBand,
-    banded_attention,
-    gather_keys,
-    grow_slots,
-    sink_slot_count,
-    sink_slots,
-)
+from ..kernels.retention import RetentionBudget, RetentionState
+from ..kernels.slots import gather_keys, grow_slots, sink_slot_count, sink_slots
+from ..kernels.softmax import SinkKeys, SoftmaxKernel, WindowBand, banded_attention
 from .cache_layers import enter_module_kwargs, query_count, tensor_bytes
+
+
+def has_retention_slots(kernel: Kernel | None) -> bool:
+    """A softmax kernel with retention slots (option ``slots`` > 0): decodes with a :class:`RetentionKVLayer`."""
+    return isinstance(kernel, SoftmaxKernel) and kernel.slots > 0
 
 
 def is_windowed_softmax(kernel: Kernel | None) -> bool:
@@ -193,3 +191,91 @@ class WindowKVLayer(DynamicLayer):
     def nbytes(self) -> int:
         """The sinks and the last W - 1 keys/values with their positions and flags: constant in the context."""
         return tensor_bytes(*(t for t in (getattr(self, name) for name in self._TENSORS) if t is not None))
+
+
+class RetentionKVLayer(DynamicLayer):
+    """One layer of softmax with retention slots: the sinks, the keys not decided yet (the window and at most B that
+    left it since the last boundary) and the C slots (:class:`~hf_kernel_attn.kernels.retention.RetentionState`),
+    so memory is constant in the context. Prefill and decoding run the kernel's one rule, so a cached generation
+    equals recomputation."""
+
+    is_croppable = False
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, budget: RetentionBudget, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.budget = budget
+        self._clear()
+
+    def _clear(self) -> None:
+        self.cumulative_length = 0
+        self.state: RetentionState | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        enter_module_kwargs(self, key_states, kwargs, "window_cache")
+        self.cumulative_length += key_states.shape[-2]
+        return key_states, value_states  # the kept keys are added in attend()
+
+    def attend(self, kernel: Kernel, q, k, v, *, attention_mask, causal: bool, scaling: float | None,
+               dropout: float = 0.0) -> torch.Tensor:
+        """Attention of the new chunk over the sinks, the slots and the window; the state moves past it."""
+        if not causal:
+            raise ValueError("RecurrentStateCache is for causal decoding; bidirectional layers take no cache")
+        if not has_retention_slots(kernel) or kernel.options.budget() != self.budget:
+            raise ValueError(f"this cache layer was built for softmax with {self.budget}, but the layer's kernel is "
+                             f"{getattr(kernel, 'options', kernel)}; build a new cache after changing the kernel")
+        n = k.shape[-2]
+        real = None
+        if attention_mask is not None:
+            if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2 or attention_mask.shape[1] < n:
+                raise ValueError("RetentionKVLayer needs the 2-D padding mask covering at least the new tokens")
+            real = attention_mask[:, -n:].to(device=k.device, dtype=torch.bool)
+            if bool(real.all()):
+                real = None
+        out, self.state = kernel.retention_step(q, k, v, key_real=real, scaling=scaling, state=self.state)
+        return out
+
+    def get_mask_sizes(self, query: int | torch.Tensor) -> tuple[int, int]:
+        return self.cumulative_length + query_count(query), 0
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self._clear()
+        self.is_initialized = False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove:
+            raise ValueError("a retention cache cannot be cropped (evicted keys are gone), so assisted/speculative "
+                             "decoding is not supported with softmax slots; use greedy, sampling or beam search")
+
+    def offload(self) -> None:
+        pass
+
+    def prefetch(self) -> None:
+        pass
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.state is not None:
+            self.state.map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.state is not None:
+            self.state.map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.state is not None:
+            self.state.map(lambda t: t[indices])
+
+    def nbytes(self) -> int:
+        """Sinks, undecided keys and slots with their positions, ln β and flags: constant in the context."""
+        return 0 if self.state is None else tensor_bytes(*self.state.tensors())

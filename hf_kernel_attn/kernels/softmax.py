@@ -24,7 +24,28 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from .base import MAX_TOKENS, Kernel, KernelOptions, expand_kv, integer_in, option, visibility_mask
+from .base import (
+    MAX_TOKENS,
+    Kernel,
+    KernelOptions,
+    LayerShape,
+    expand_kv,
+    integer_in,
+    number_in,
+    one_of,
+    option,
+    visibility_mask,
+)
+from .retention import (
+    RetentionBudget,
+    RetentionGate,
+    RetentionState,
+    retention_attention,
+    soft_retention_attention,
+)
+from .slots import gather_keys, sink_slot_count, sink_slots
+
+RETENTION_SCORES = ("learned",)  # the scores that can decide the slots
 
 # queries per SDPA call of the windowed form: C = W clamped to [MIN_QUERY_CHUNK, QUERY_CHUNK]
 QUERY_CHUNK = 256
@@ -69,47 +90,6 @@ def fused_attention(
 def query_chunk(window: int, n: int) -> int:
     """C: W clamped to [MIN_QUERY_CHUNK, QUERY_CHUNK] (and to N)."""
     return max(1, min(n, max(MIN_QUERY_CHUNK, min(window, QUERY_CHUNK))))
-
-
-def sink_slots(real: torch.Tensor, sinks: int, offset: int = 0, seen: torch.Tensor | None = None):
-    """The sinks among keys with real flags ``real`` ``[B, M]`` at positions offset, offset + 1, …:
-    for slot s < S, the key whose rank among the row's real tokens (counting ``seen`` [B] earlier real tokens)
-    is s + 1. Returns (index into the M keys ``[B, S]``, clamped to M - 1; position ``[B, S]``; found ``[B, S]``,
-    False where that rank is not among these keys)."""
-    b, m = real.shape
-    rank = real.long().cumsum(-1)
-    if seen is not None:
-        rank = rank + seen[:, None]
-    target = torch.arange(1, sinks + 1, device=real.device).expand(b, sinks)
-    idx = torch.searchsorted(rank.contiguous(), target.contiguous())  # first key with rank >= s + 1
-    found = idx < m
-    if seen is not None:
-        found = found & (target > seen[:, None])
-    idx = idx.clamp_max(max(0, m - 1))
-    return idx, idx + offset, found
-
-
-def grow_slots(x: torch.Tensor, dim: int, size: int, fill: float | bool = 0) -> torch.Tensor:
-    """``x`` extended along ``dim`` to ``size`` entries of ``fill`` (``x`` itself when it has as many): slots that
-    grow with use instead of being allocated for a configured count up front."""
-    extra = size - x.shape[dim]
-    if extra <= 0:
-        return x
-    shape = list(x.shape)
-    shape[dim] = extra
-    return torch.cat([x, x.new_full(shape, fill)], dim)
-
-
-def sink_slot_count(sinks: int, positions: int) -> int:
-    """The sink slots worth holding after ``positions`` keys: min(S, positions) (a slot is the key of one rank among
-    the real tokens, so no more can be filled yet)."""
-    return min(sinks, positions)
-
-
-def gather_keys(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """``x`` ``[B, H, M, D]``, ``idx`` ``[B, S]`` -> ``[B, H, S, D]``."""
-    b, h, _, d = x.shape
-    return x.gather(2, idx[:, None, :, None].expand(b, h, idx.shape[1], d))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,13 +195,34 @@ class SoftmaxOptions(KernelOptions):
                             "window); 0 = the whole context", bound="tokens")
     sinks: int = option(0, "S > 0 (needs a window): the first S real tokens of each row are always attended "
                            "(StreamingLLM)", bound="tokens")
+    slots: int = option(0, "C > 0 (needs a window): besides sinks and window, each KV head keeps the C older keys "
+                           "its retention score ranks highest (a bounded cache; kernels/retention.py)",
+                        bound="tokens")
+    retention: str = option("learned", "the score that decides the slots: learned (a gate per KV head, trained by "
+                                       "the retention stage; TRIM-KV)")
+    retention_block: int = option(32, "B: the slots are decided every B positions (one eviction per block of "
+                                      "queries in a prefill)", bound="tokens")
+    gate_hidden: int = option(16, "hidden width of the retention gate's MLP per KV head")
+    gate_bias: float = option(6.0, "the gate's output bias at the start: ln β = ln σ(6) ≈ -2.5e-3 for every key "
+                                   "(all fade alike: the score is then the age)")
 
     def validate(self) -> None:
         _count("window", self.window, "0 = the whole context, W > 0 = a sliding window of W keys")
         _count("sinks", self.sinks, "the first S real tokens attended by every query; 0 = none")
+        _count("slots", self.slots, "older keys kept by the retention score; 0 = none")
         if self.sinks and not self.window:
             raise ValueError(f"sinks={self.sinks} needs a window > 0 (window=0 attends to every key already); "
                              "set window=W as well, or sinks=0")
+        if self.slots and not self.window:
+            raise ValueError(f"slots={self.slots} needs a window > 0 (window=0 keeps every key already); "
+                             "set window=W as well, or slots=0")
+        one_of("retention", self.retention, RETENTION_SCORES)
+        integer_in("retention_block", self.retention_block, 1, 4096, meaning="positions between two evictions")
+        integer_in("gate_hidden", self.gate_hidden, 1, 1024, meaning="the retention gate's hidden width")
+        number_in("gate_bias", self.gate_bias, -50.0, 50.0, meaning="the retention gate's starting output bias")
+
+    def budget(self) -> RetentionBudget:
+        return RetentionBudget(window=self.window, sinks=self.sinks, slots=self.slots, block=self.retention_block)
 
 
 class SoftmaxKernel(Kernel):
@@ -232,7 +233,30 @@ class SoftmaxKernel(Kernel):
     options_cls = SoftmaxOptions
     full_precision = False  # the host's own attention, autocast included
     supports_bias = True
-    paper = "Vaswani et al., 2017, Attention Is All You Need; sinks: Xiao et al., 2024, StreamingLLM"
+    paper = ("Vaswani et al., 2017, Attention Is All You Need; sinks: Xiao et al., 2024, StreamingLLM; "
+             "slots: Bui et al., 2025, TRIM-KV")
+
+    def __init__(self, shape: LayerShape, options: SoftmaxOptions) -> None:
+        super().__init__(shape, options)
+        self.retention_gate = None
+        if options.slots:
+            self.retention_gate = RetentionGate(shape.num_kv_heads, shape.head_dim, shape.head_dim,
+                                                options.gate_hidden, options.gate_bias)
+
+    def reset_parameters(self) -> None:
+        if self.retention_gate is not None:
+            self.retention_gate.reset_parameters(torch.Generator().manual_seed(7_000_003 + self.shape.layer_idx))
+
+    @property
+    def slots(self) -> int:
+        return self.options.slots
+
+    def retention_step(self, q, k, v, *, key_real, scaling, state: RetentionState | None):
+        """The slots' hard budget for N new queries and keys after ``state`` (a cache's; None = from the start):
+        returns ``[B, N, Hq, Dv]`` and the state after them."""
+        scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+        return retention_attention(q, k, v, self.retention_gate(k, v), budget=self.options.budget(),
+                                   key_real=key_real, scale=scale, state=state)
 
     def log_scores(self, q, k, scaling):
         """log κ = s q·k."""
@@ -249,6 +273,17 @@ class SoftmaxKernel(Kernel):
     def forward(self, q, k, v, *, key_mask=None, causal=True, scaling=None, dropout=0.0, bias=None):
         self.check_inputs(q, k, v, causal)
         scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+        if self.slots:
+            if bias is not None or not causal:
+                raise ValueError("softmax with slots is a causal decoder's bounded cache: no position bias, no "
+                                 "bidirectional layers; use slots=0")
+            if self.training:  # soft retention (the retention stage trains the gate)
+                return soft_retention_attention(q, k, v, self.retention_gate(k, v), budget=self.options.budget(),
+                                                key_mask=key_mask, scale=scale)
+            if q.shape[-2] != k.shape[-2]:
+                raise ValueError("softmax with slots answers queries at every key position (a prefill); cached "
+                                 "decoding goes through hf_kernel_attn's cache (RecurrentStateCache)")
+            return self.retention_step(q, k, v, key_real=key_mask, scaling=scaling, state=None)[0]
         if not self.window or self.window >= k.shape[-2]:  # the window covers every key: plain softmax
             return fused_attention(q, k, v, key_mask=key_mask, causal=causal, scale=scale, dropout=dropout,
                                    bias=bias)

@@ -296,6 +296,8 @@ class ModelSetup:
             is_kernel = id(p) in self.kernel_params
             if trains is Trains.KERNEL:
                 p.requires_grad_(is_kernel)
+            elif trains is Trains.RETENTION:
+                p.requires_grad_(".retention_gate." in f".{n}")
             elif trains is Trains.LORA:
                 adapter = "lora_" in n or "modules_to_save" in n
                 p.requires_grad_(adapter or (is_kernel and stage_cfg["train_kernel"]))

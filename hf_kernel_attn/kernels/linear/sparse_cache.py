@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 
 from ..base import accum
-from ..softmax import grow_slots
+from ..slots import grow_slots
 from .spec import HybridCall, HybridInputs, HybridSpec
 from .state import SparseCache, with_ones
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..base import accum, ungroup_output
-from ..softmax import gather_keys, grow_slots, sink_slot_count, sink_slots
+from ..slots import gather_keys, grow_slots, sink_slot_count, sink_slots
 from . import cost
 from .gated import gated_causal, queries_at_key_positions, reverse_gates, shifted_keys
 from .recurrent import accumulate

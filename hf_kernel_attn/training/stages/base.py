@@ -14,11 +14,12 @@ from ..tasks import TrainingTask
 
 
 class Trains(str, enum.Enum):
-    """What a stage trains: the kernels' own parameters, LoRA adapters, or the model's weights."""
+    """What a stage trains: the kernels' own parameters, LoRA adapters, the model's weights, or the retention gates."""
 
     KERNEL = "kernel"
     LORA = "lora"
     FULL = "full"
+    RETENTION = "retention"  # the retention gates of softmax layers with slots only
 
 
 TRAINS = tuple(t.value for t in Trains)  # what a stage can train, as config values
