@@ -276,7 +276,7 @@ def test_training_stage_registry_policy():
 
     try:
         assert register_stage(Probe) is Probe and register_stage(Probe) is Probe
-        assert stage_names() == ("transfer", "distill", "registry_probe", "lora", "full")
+        assert stage_names() == ("transfer", "distill", "registry_probe", "lora", "full", "retention")
         with pytest.raises(ValueError, match="training stage 'registry_probe' is already registered by .*Probe; "
                                              "cannot register .*Other"):
             register_stage(Other)
@@ -287,7 +287,7 @@ def test_training_stage_registry_policy():
             register_stage(type("Loose", (), {"name": "loose"}))  # type: ignore[arg-type]
     finally:
         STAGE_TYPES.pop("registry_probe", None)
-    assert stage_names() == ("transfer", "distill", "lora", "full")
+    assert stage_names() == ("transfer", "distill", "lora", "full", "retention")
 
 
 STAGE_MODULE = "tests.custom_stage"
@@ -305,7 +305,7 @@ def test_a_stage_of_ones_own_from_a_configs_imports(tiny_llama, tmp_path):
 
     try:
         config = load_config(path, ["stages.scaled_kernel.weight=3"])
-        assert list(config["stages"]) == ["transfer", "distill", "lora", "full", "scaled_kernel"]
+        assert list(config["stages"]) == ["transfer", "distill", "lora", "full", "retention", "scaled_kernel"]
         assert config["stages"]["scaled_kernel"] == {**COMMON_DEFAULTS, "lr": 5e-3, "weight": 3, "steps": 2}
         assert load_config(path)["stages"]["scaled_kernel"]["weight"] == 2.0  # the stage's default
         with pytest.raises(ConfigError, match="stages.scaled_kernel.weight must be a number > 0"):

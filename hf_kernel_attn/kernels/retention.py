@@ -211,7 +211,7 @@ class RetentionState:
         return self.end - self.recent_k.shape[-2]
 
 
-def _add_sinks(st: RetentionState, k: torch.Tensor, v: torch.Tensor, real: torch.Tensor, sinks: int,
+def _fill_sinks(st: RetentionState, k: torch.Tensor, v: torch.Tensor, real: torch.Tensor, sinks: int,
                offset: int) -> None:
     """Fill the sink slots whose rank among each row's real tokens falls among the new keys."""
     size = sink_slot_count(sinks, offset + k.shape[-2])
@@ -299,7 +299,7 @@ def retention_attention(
     offset = st.end
     is_sink = sink_flags(real, budget.sinks, st.real_seen)
     if budget.sinks:
-        _add_sinks(st, k, v, real, budget.sinks, offset)
+        _fill_sinks(st, k, v, real, budget.sinks, offset)
     st.real_seen = st.real_seen + real.long().sum(-1)
     st.recent_k, st.recent_v = torch.cat([st.recent_k, k], 2), torch.cat([st.recent_v, v], 2)
     st.recent_logb = torch.cat([st.recent_logb, log_beta.float()], 2)

@@ -1,6 +1,6 @@
 """Conversion training: attention transfer, then LoRA and/or full fine-tuning, under accelerate.
 
-Stages run in the order transfer -> distill -> lora -> full; a stage with ``steps: 0`` is skipped.
+Stages run in the order transfer -> distill -> lora -> full -> retention; a stage with ``steps: 0`` is skipped.
 
 * **transfer** (Hedgehog, Zhang et al. ICLR 2024; LoLCATs, Zhang et al. ICLR 2025): only the kernels'
   own parameters train, on the layer-local loss of :mod:`hf_kernel_attn.integration.transfer`; the
