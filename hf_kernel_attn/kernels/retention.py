@@ -312,8 +312,8 @@ def retention_attention(
         last = min(offset + n, (first // budget.block + 1) * budget.block)
         outs.append(_attend_segment(q[:, :, first - offset:last - offset], st, first, budget.window, scale))
         first = last
-    # copies, so that a prefill's whole K/V is not kept alive through a view
-    st.map(lambda t: t.clone())
+    if n > budget.block:  # copies, so that a prefill's whole K/V is not kept alive through a view
+        st.map(lambda t: t.clone())
     return torch.cat(outs, 1), st
 
 
