@@ -113,7 +113,7 @@ def chance_level(task: str, metric: str, n: int | None, *, split: str = "validat
 def _lm_eval_choices(task: str, split: str, data_dir: str | None, n: int) -> tuple[str, list[int]]:
     """lm-eval's output type of ``task`` and, for multiple choice, the number of choices of each of the ``n``
     documents it evaluates (its ``doc_iterator(limit=n)``), through the same task configs as the evaluation."""
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager, get_task_dict
 
     with tempfile.TemporaryDirectory() as tmp:
         if data_dir is not None:
@@ -121,7 +121,7 @@ def _lm_eval_choices(task: str, split: str, data_dir: str | None, n: int) -> tup
                                   include_defaults=False)
         else:
             manager = TaskManager()
-        obj = manager.load([task])["tasks"][task]
+        obj = get_task_dict([task], task_manager=manager)[task]  # (TaskManager.load is lm-eval >= 0.4.11 only)
         kind = obj.OUTPUT_TYPE
         if kind != "multiple_choice":
             return kind, []

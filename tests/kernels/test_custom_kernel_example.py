@@ -20,6 +20,7 @@ import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache
 from hf_kernel_attn.kernels import KERNELS, LayerShape, build_kernel
 from hf_kernel_attn.testing import check_kernel
+from tests.compat import needs_state_cache
 from tests.kernels.sparse_cache_reference import (
     SCALING,
     D,
@@ -134,6 +135,7 @@ def test_sinks_and_sparse_cache_match_the_brute_force(example, pad):
     assert not torch.allclose(plain(q, k, v, key_mask=mask, causal=True, scaling=SCALING)[rows], got[rows])
 
 
+@needs_state_cache
 def test_cached_generation_equals_recomputation(example):
     """A 2-layer Llama, window 6 + 2 sinks + a 4-pair cache chosen every 3 positions: 20 greedy tokens after a
     left-padded 40-token prompt, with the recurrent cache and with none, give the same tokens and logits."""

@@ -12,7 +12,7 @@ import torch
 import hf_kernel_attn
 from hf_kernel_attn.kernels import KERNELS, LayerShape, build_kernel
 from hf_kernel_attn.kernels.linear import PastKeys
-from tests.compat import cache_arg
+from tests.compat import cache_arg, needs_state_cache
 from tests.kernels.delta_rule_reference import brute_force
 
 NAMES = ["deltanet", "gated_deltanet"]
@@ -309,6 +309,7 @@ def test_check_kernel(name):
     assert not any("bidirectional" in f for f in errors)
 
 
+@needs_state_cache
 @pytest.mark.parametrize("params", [{}, {"window": 4, "sinks": 1}], ids=["plain", "window+sinks"])
 @pytest.mark.parametrize("name", NAMES)
 def test_tiny_llama_generate_with_cache_equals_full_forward(name, params):
@@ -367,6 +368,7 @@ def test_softmax_heads(name):
     close(full[:, :, 1], exact, mask, n, n)
 
 
+@needs_state_cache
 @pytest.mark.parametrize("name, n", [("deltanet", 2048), ("gated_deltanet", 512)])
 def test_smollm2_decodes_from_the_state_like_one_full_forward(name, n, smollm2, fresh, decodes_like_full_forward):
     """Acceptance: SmolLM2 with the delta rule (window 64 + sinks 4, so both the window and the memory

@@ -57,7 +57,10 @@ def tiny_t5():
     cfg = AutoConfig.for_model("t5", d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
                                vocab_size=100, decoder_start_token_id=0)
     torch.manual_seed(0)
-    return T5ForConditionalGeneration._from_config(cfg, attn_implementation="sdpa").eval()
+    try:
+        return T5ForConditionalGeneration._from_config(cfg, attn_implementation="sdpa").eval()
+    except ValueError as e:  # older transformers: T5's attention does not go through the attention interface
+        pytest.skip(f"this transformers' T5 has no attention-interface path: {e}")
 
 
 T5_INPUTS = dict(input_ids=torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(1)),

@@ -29,7 +29,7 @@ if set_hypothesis_home_dir is not None and not os.environ.get("HYPOTHESIS_STORAG
 
 from hf_kernel_attn.kernels import KERNELS  # noqa: E402
 from hf_kernel_attn.kernels.linear import PastKeys, cost  # noqa: E402
-from tests.compat import cache_arg  # noqa: E402
+from tests.compat import cache_arg, needs_state_cache  # noqa: E402
 from tests.kernels import reference as ref  # noqa: E402
 from tests.kernels.helpers import make_kernel  # noqa: E402
 
@@ -260,6 +260,7 @@ def tiny_model(kernel: str) -> torch.nn.Module:
 @budget(15)
 @given(kernel=st.sampled_from(LINEAR), batch=st.integers(1, 3), prompt=st.integers(1, 12),
        steps=st.integers(1, 6), data=st.data())
+@needs_state_cache
 def test_model_decoding_with_cache_equals_recomputation(kernel, batch, prompt, steps, data):
     """Left-padded prompt, prefill into a RecurrentStateCache, then single-token steps with the growing mask:
     each step's logits equal a no-cache forward over the whole sequence so far."""

@@ -16,6 +16,7 @@ import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache, cache_bytes
 from hf_kernel_attn.kernels import LayerShape, build_kernel
 from hf_kernel_attn.kernels.retention import capacity_terms, rope_pair_norms
+from tests.compat import needs_state_cache
 from tests.conftest import tiny_llama_model
 
 SHAPE = LayerShape(num_heads=4, num_kv_heads=2, head_dim=16, layer_idx=1)
@@ -185,6 +186,7 @@ def test_training_the_gate_keeps_the_early_key_a_toy_task_needs_and_a_random_gat
     assert rand > 0.5 * before, (before, rand)
 
 
+@needs_state_cache
 def test_a_tiny_llama_with_slots_saves_reloads_exactly_and_generates_as_it_recomputes(tmp_path):
     from transformers import AutoModelForCausalLM
 

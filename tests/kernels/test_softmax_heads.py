@@ -13,7 +13,7 @@ import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache
 from hf_kernel_attn.kernels import LayerShape, build_kernel
 from hf_kernel_attn.kernels.linear import PastKeys
-from tests.compat import cache_arg
+from tests.compat import cache_arg, needs_state_cache
 from tests.kernels import reference as ref
 from tests.kernels.window_helpers import assert_gradients_match, compare, inputs, make, padding
 from tests.paths import DATA
@@ -76,6 +76,7 @@ def test_bad_softmax_heads():
             build_kernel("hedgehog", LayerShape(4, 2, 8, 0, 128), params)
 
 
+@needs_state_cache
 def test_smollm2_softmax_heads_generation_after_1k_prompt(smollm2, smollm2_tok, fresh):
     """hedgehog + window 64 + sinks 4 with two exact heads in layer 5 and one in layer 20 (per-layer options):
     cached greedy generation (16 tokens after 1,024) = recomputation; the exact heads' K/V grow with the context,

@@ -17,7 +17,7 @@ from hf_kernel_attn.integration.cache import (
     wants_state_cache,
 )
 from hf_kernel_attn.kernels import LayerShape, build_kernel, softmax
-from tests.compat import cache_arg
+from tests.compat import cache_arg, needs_state_cache
 from tests.kernels import reference as ref
 from tests.kernels.helpers import make_mask
 
@@ -163,6 +163,7 @@ def tiny_llama(num_layers=2, **patch_kw):
 GREEDY = dict(do_sample=False, return_dict_in_generate=True, output_logits=True)
 
 
+@needs_state_cache
 def test_cached_generation_equals_recomputation_and_memory_is_constant():
     """window 8, sinks 2, 60 new tokens (the window slides far past the prompt): the bounded cache gives the tokens
     and logits of use_cache=False; its bytes after 60 tokens equal those after 20; positive control: plain softmax
@@ -191,6 +192,7 @@ def test_cached_generation_equals_recomputation_and_memory_is_constant():
     assert not torch.equal(plain.sequences, full.sequences)
 
 
+@needs_state_cache
 def test_left_padded_batch_generates_like_each_row_alone():
     """2 rows of different lengths, left-padded: each row's tokens equal running that row alone (the sinks of the
     padded row are its first real tokens, not the pad positions)."""
@@ -210,6 +212,7 @@ def test_left_padded_batch_generates_like_each_row_alone():
     assert torch.equal(full.sequences, batch.sequences)
 
 
+@needs_state_cache
 def test_chunked_prefill_and_a_user_dynamic_cache_match_one_full_forward():
     """Prefill 30 tokens, then a 13-token chunk, then single tokens (one row left-padded): the logits equal one
     forward over everything (no cache); a DynamicCache the user passes (all keys kept, the kernel applies the
@@ -238,6 +241,7 @@ def test_chunked_prefill_and_a_user_dynamic_cache_match_one_full_forward():
                 assert cache.layers[0].keys.shape[-2] == 46  # every key kept: the kernel applied the window
 
 
+@needs_state_cache
 def test_beam_search_sampling_and_cache_edits():
     """Beam search (reorder_cache) and sampling with num_return_sequences (batch_repeat_interleave) give the
     sequences of recomputation; batch_select_indices continues like recomputing the selected rows."""
@@ -265,6 +269,7 @@ def test_beam_search_sampling_and_cache_edits():
     assert (step - again).abs().max().item() <= 1e-10
 
 
+@needs_state_cache
 def test_hybrid_cache_layers_and_generation():
     """softmax window / linear / plain softmax layers: WindowKVLayer, RecurrentStateLayer, DynamicLayer."""
     model = tiny_llama(num_layers=3, kernel="softmax", window=6, sinks=2, layers={1: "elu", 2: "softmax"})
@@ -277,6 +282,7 @@ def test_hybrid_cache_layers_and_generation():
     assert isinstance(cache.layers[1], RecurrentStateLayer) and cache.layers[2].keys.shape[-2] == 21
 
 
+@needs_state_cache
 def test_unsupported_operations_raise():
     model = tiny_llama(kernel="softmax", window=4, sinks=1)
     cache = RecurrentStateCache(model)

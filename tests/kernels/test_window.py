@@ -12,7 +12,7 @@ import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache, RecurrentStateLayer
 from hf_kernel_attn.kernels import KERNELS, LayerShape, build_kernel
 from hf_kernel_attn.kernels.linear import PastKeys, cost
-from tests.compat import cache_arg
+from tests.compat import cache_arg, needs_state_cache
 from tests.kernels import reference as ref
 from tests.kernels.window_helpers import DV, SCALING, D, assert_gradients_match, compare, inputs, make, padding  # noqa: F401
 
@@ -135,6 +135,7 @@ def test_cached_generation_equals_recomputation_with_left_padding(kernel):
     assert (torch.stack(cached.logits) - torch.stack(full.logits)).abs().max().item() <= 1e-4
 
 
+@needs_state_cache
 def test_cache_memory_is_constant_in_the_context():
     model = tiny_llama("hedgehog", window=16)
     ids = torch.randint(1, 97, (1, 5))
@@ -174,6 +175,7 @@ def test_smollm2_window_covering_the_text_equals_softmax(smollm2, smollm2_tok, f
     assert (got - want).abs().max().item() <= 1e-4
 
 
+@needs_state_cache
 @pytest.mark.real_model
 def test_smollm2_hedgehog_window64_generation_and_constant_cache(smollm2, smollm2_tok, fresh):
     """Acceptance: cached greedy generation with hedgehog + window 64 equals recomputation (a prompt longer

@@ -10,6 +10,7 @@ import torch
 
 import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache, RecurrentStateLayer, cache_bytes
+from tests.compat import needs_state_cache
 from tests.kernels.sparse_cache_reference import SCALING, D, brute_force, cached_positions, inputs, make, tiny_lm
 
 
@@ -94,6 +95,7 @@ def _packed_layers(cache):
     return [layer for layer in cache.layers if isinstance(layer, RecurrentStateLayer)]
 
 
+@needs_state_cache
 @pytest.mark.parametrize("beams", [1, 2])
 @pytest.mark.parametrize("capacity", [4, 0])
 def test_generation_with_packed_steps_equals_recomputation(beams, capacity):
@@ -123,6 +125,7 @@ def test_generation_with_packed_steps_equals_recomputation(beams, capacity):
     torch.testing.assert_close(torch.stack(cached.logits), torch.stack(full.logits), rtol=1e-4, atol=1e-4)
 
 
+@needs_state_cache
 def test_packed_layout_holds_the_bytes_of_the_general_one_and_a_longer_chunk_continues_it():
     """After packed steps the cache holds as many bytes as once unpacked (reading ``state`` unpacks); a 5-token
     chunk after them (the general form again) gives the logits of one forward over every token."""
@@ -146,6 +149,7 @@ def test_packed_layout_holds_the_bytes_of_the_general_one_and_a_longer_chunk_con
     torch.testing.assert_close(tail, want, rtol=1e-4, atol=1e-4)
 
 
+@needs_state_cache
 def test_a_padded_token_after_packed_steps_takes_the_general_form():
     """A decode step whose new token is padding in one row leaves the packed layout (the general form masks it);
     the next real token's logits equal one forward over every token with the same padding mask."""

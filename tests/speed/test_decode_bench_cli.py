@@ -12,9 +12,10 @@ from transformers import AutoModelForCausalLM
 import hf_kernel_attn
 from hf_kernel_attn.cli import main
 from hf_kernel_attn.integration.cache import cache_bytes, new_cache
-from tests.compat import cache_arg
+from tests.compat import cache_arg, needs_state_cache
 
 
+@needs_state_cache
 def test_decode_bench_saved_times_the_folders_own_kernels(tiny_llama, tmp_path, capsys):
     model = AutoModelForCausalLM.from_pretrained(tiny_llama)
     hf_kernel_attn.patch(model, kernel="elu", layers={
