@@ -21,8 +21,10 @@ Training (soft): a key outside window and sinks is weighed by β_j^(t - p_j) ins
 
     logit_tj = s q_t·k_j + (t - p_j) ln β_j,
 
-and E[kept at t] = Σ_j β_j^(t - p_j) over those keys gives the capacity term mean_t relu(E[kept at t] - C) / C
-that holds the soft cache to the slots.
+and E_t = Σ_j β_j^(t - p_j) over those keys (the soft cache's expected size) gives the capacity term
+mean_t |E_t - min(C, n_t)| / C (n_t: the keys there are to keep) that holds the soft cache at the slots' size:
+above it the soft form keeps more than the hard budget can, below it every retention fades towards 0 and the KL
+term's gradient with it.
 """
 
 from __future__ import annotations
@@ -127,14 +129,14 @@ def soft_retention_attention(
     window, slots = budget.window, budget.slots
     forgettable = real & ~sink_flags(real, budget.sinks)  # [B, M]
     qg = q.reshape(b, hkv, hq // hkv, n, d)
-    outs, excess = [], []
+    outs, gaps = [], []
     for a in range(0, n, SOFT_QUERY_CHUNK):
         e = min(n, a + SOFT_QUERY_CHUNK)
         o, x = checkpoint(_soft_chunk, qg[:, :, :, a:e], k, v, log_beta, real, forgettable,
                           torch.tensor([m - n + a, window, slots]), scale, use_reentrant=False)
         outs.append(o)
-        excess.append(x)
-    record_capacity(torch.cat(excess, -1).mean() / max(slots, 1))
+        gaps.append(x)
+    record_capacity(torch.cat(gaps, -1).mean())
     out = torch.cat(outs, -2)  # [B, Hkv, G, N, Dv]
     return out.reshape(b, hq, n, -1).transpose(1, 2).contiguous()
 
@@ -151,7 +153,8 @@ def _soft_chunk(qc, k, v, log_beta, real, forgettable, where: torch.Tensor, scal
     logits = logits.masked_fill(~visible[:, None, None], float("-inf"))
     out = torch.einsum("bhgcm,bhmd->bhgcd", logits.softmax(-1), v.float()).to(v.dtype)
     kept = (bias.exp() * decays[:, None]).sum(-1)  # [B, Hkv, c]: expected keys held besides window and sinks
-    return out, (kept - slots).clamp_min(0)
+    target = decays.sum(-1).clamp_max(slots).to(kept.dtype)[:, None]  # min(C, the keys there are to keep)
+    return out, (kept - target).abs() / max(slots, 1)
 
 
 # ---------------------------------------------------------------------------------------------- hard budget

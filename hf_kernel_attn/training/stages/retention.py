@@ -2,10 +2,10 @@
 slots train (kernels/retention.py), with every key outside window and sinks weighed by β_j^(t - p_j) inside the
 softmax (the soft form), on
 
-    L = τ² · mean_t KL(p_teacher,t ‖ p_student,t)  +  capacity_weight · mean_layers mean_t relu(E[kept at t] - C) / C
+    L = τ² · mean_t KL(p_teacher,t ‖ p_student,t)  +  capacity_weight · mean_layers mean_t |E_t - min(C, n_t)| / C
 
-The teacher is the same model with its full softmax attention, computed in the same step; E[kept at t] is the sum of
-β_j^(t - p_j) over the keys a query could only reach through the slots. The gates learn which keys the full model
+The teacher is the same model with its full softmax attention, computed in the same step; E_t is the sum of
+β_j^(t - p_j) over the n_t keys a query could only reach through the slots (the soft cache's expected size). The gates learn which keys the full model
 still reads far ahead while the capacity term holds the soft cache to the C slots the hard budget keeps at
 inference."""
 
