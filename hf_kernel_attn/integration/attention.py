@@ -150,7 +150,7 @@ def attention_forward(
     kernel = teacher_kernel(kernel)
     probe = active_probe()
     if probe is not None:
-        probe(kernel.shape.layer_idx, query.detach(), key.detach(), key_mask, causal, scaling)
+        probe(kernel.shape.layer_idx, query.detach(), key.detach(), key_mask, causal, scaling, value=value.detach())
     recorder = active_transfer()
     if segments is not None:
         if recorder is not None or bias is not None or kwargs.get("linear_state") or kwargs.get("window_cache"):

@@ -263,7 +263,7 @@ def head_retrieval_scores(model: nn.Module, batches: list[dict[str, Any]],
     count = 0
     current: list[list[tuple[int, int]]] = []
 
-    def probe(layer: int, q: torch.Tensor, k: torch.Tensor, key_mask, causal: bool, scaling) -> None:
+    def probe(layer: int, q: torch.Tensor, k: torch.Tensor, key_mask, causal: bool, scaling, value=None) -> None:
         hq, hkv, d = q.shape[1], k.shape[1], q.shape[-1]
         scale = scaling if scaling is not None else d ** -0.5
         score = totals.setdefault(layer, torch.zeros(hq, dtype=torch.float64))

@@ -113,8 +113,8 @@ def active_probe() -> Callable[..., None] | None:
 @contextlib.contextmanager
 def attention_probe(callback: Callable[..., None]) -> Iterator[None]:
     """Inside this block every hf_kernel_attn attention call first runs
-    ``callback(layer_idx, query [B, Hq, N, D], key [B, Hkv, M, D], key_mask, causal, scaling)`` (detached inputs),
-    e.g. to measure attention patterns; the forward itself is unchanged."""
+    ``callback(layer_idx, query [B, Hq, N, D], key [B, Hkv, M, D], key_mask, causal, scaling, value=[B, Hkv, M,
+    Dv])`` (detached inputs), e.g. to measure attention patterns; the forward itself is unchanged."""
     if _state["probe"] is not None:
         raise RuntimeError("attention_probe() is already active")
     _state["probe"] = callback

@@ -72,11 +72,38 @@ class RetentionGate(nn.Module):
             self.w2.zero_()
             self.b2.fill_(self.bias_init)
 
-    def forward(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def logits(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """z ``[B, Hkv, M]``, with ln β = ln σ(z)."""
         x = torch.cat([rope_pair_norms(k.float()), v.float()], -1)
         x = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6)
         h = F.silu(torch.einsum("bhmd,hdr->bhmr", x, self.w1.float()) + self.b1.float()[:, None])
-        return F.logsigmoid(torch.einsum("bhmr,hr->bhm", h, self.w2.float()) + self.b2.float()[:, None])
+        return torch.einsum("bhmr,hr->bhm", h, self.w2.float()) + self.b2.float()[:, None]
+
+    def forward(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.logsigmoid(self.logits(k, v))
+
+
+def future_attention(q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor | None, *, window: int, scale: float,
+                     chunk: int = 256) -> torch.Tensor:
+    """How much each key is read once it has left the window: max over the queries i ≥ p_j + W (and the query
+    heads of its KV group) of the causal softmax weight a_ij, ``[B, Hkv, M]`` (queries at the last N of M
+    positions; 0 for a key no such query sees). The target of the ``attention`` objective: Locret's retaining
+    heads learn each key's future attention (Huang et al. 2024, arXiv 2410.01805); here its maximum."""
+    b, hq, n, d = q.shape
+    hkv, m = k.shape[1], k.shape[-2]
+    real = torch.ones(b, m, dtype=torch.bool, device=q.device) if key_mask is None else key_mask.bool()
+    qg = q.float().reshape(b, hkv, hq // hkv, n, d)
+    best = torch.zeros(b, hkv, m, device=q.device)
+    kpos = torch.arange(m, device=q.device)
+    for a in range(0, n, chunk):
+        e = min(n, a + chunk)
+        qpos = torch.arange(m - n + a, m - n + e, device=q.device)
+        age = qpos[:, None] - kpos[None, :]
+        logits = torch.einsum("bhgcd,bhmd->bhgcm", qg[:, :, :, a:e], k.float()) * scale
+        logits = logits.masked_fill(~((age >= 0)[None] & real[:, None, :])[:, None, None], float("-inf"))
+        weights = logits.softmax(-1).nan_to_num(0.0).masked_fill(~(age >= window)[None, None, None], 0.0)
+        best = torch.maximum(best, weights.amax(dim=(2, 3)))
+    return best
 
 
 # ---------------------------------------------------------------------------------------------- capacity record

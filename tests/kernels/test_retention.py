@@ -15,7 +15,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 import hf_kernel_attn
 from hf_kernel_attn.integration.cache import RecurrentStateCache, cache_bytes
 from hf_kernel_attn.kernels import LayerShape, build_kernel
-from hf_kernel_attn.kernels.retention import capacity_terms, rope_pair_norms
+from hf_kernel_attn.kernels.retention import capacity_terms, future_attention, rope_pair_norms
 from tests.compat import needs_state_cache
 from tests.conftest import tiny_llama_model
 
@@ -235,3 +235,87 @@ def test_a_tiny_llama_with_slots_saves_reloads_exactly_and_generates_as_it_recom
 def test_bad_retention_options_are_refused_by_name(params, match):
     with pytest.raises(ValueError, match=match):
         build_kernel("softmax", SHAPE, params)
+
+
+def test_future_attention_is_the_largest_weight_a_key_gets_once_it_left_the_window():
+    torch.manual_seed(6)
+    q, k = torch.randn(2, 4, 20, 16), torch.randn(2, 2, 20, 16)
+    real = torch.ones(2, 20, dtype=torch.bool)
+    real[1, :3] = False
+    got = future_attention(q, k, real, window=5, scale=0.25)
+    want = torch.zeros(2, 2, 20)
+    for row in range(2):
+        for h in range(4):
+            for i in range(20):
+                keys = [j for j in range(i + 1) if real[row, j]]
+                if not keys:
+                    continue
+                w = torch.tensor([float(q[row, h, i] @ k[row, h // 2, j]) * 0.25 for j in keys]).softmax(0)
+                for j, wj in zip(keys, w, strict=True):
+                    if i - j >= 5:
+                        want[row, h // 2, j] = max(want[row, h // 2, j], wj)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_attention_objective_also_teaches_the_gate_to_keep_the_early_key():
+    """Labels from the full softmax's future attention (the top C keys), binary cross-entropy on the gate's logit."""
+    held_out = [_toy_task(seed=s, special=3 + s % 7) for s in range(1000, 1004)]
+    params = {"window": 8, "sinks": 0, "slots": 4, "retention_block": 4}
+    kernel = build_kernel("softmax", SHAPE, params)
+    with torch.no_grad():
+        before = _toy_loss(kernel, held_out, train=False)
+    opt = torch.optim.Adam(kernel.retention_gate.parameters(), lr=0.05)
+    for step in range(60):
+        q, k, v = _toy_task(seed=step, special=2 + step % 11)
+        target = future_attention(q, k, None, window=8, scale=0.25)
+        eligible = torch.arange(k.shape[-2]) <= k.shape[-2] - 1 - 8
+        labels = torch.zeros_like(target).scatter_(-1, target.masked_fill(~eligible, -1).topk(4, -1).indices, 1.0)
+        z = kernel.retention_gate.logits(k, v)
+        weight = torch.where(labels > 0, (int(eligible.sum()) - 4) / 4, 1.0)  # the positives count as the rest
+        loss = (torch.nn.functional.binary_cross_entropy_with_logits(z, labels, reduction="none") * weight)[
+            ..., eligible].mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        after = _toy_loss(kernel, held_out, train=False)
+    assert after < 0.05 * before, (before, after)
+
+
+@pytest.mark.parametrize("objective", ["kl", "attention"])
+def test_the_retention_stage_trains_only_the_gates(objective, tiny_llama, tmp_path):
+    from safetensors.torch import load_file
+
+    from hf_kernel_attn.training import Trainer
+    from hf_kernel_attn.training.config import load_config
+    from tests.training.helpers import lm_config, read_log, write_config
+
+    cfg = lm_config(tiny_llama, tmp_path / "o", kernel="softmax",
+                    kernel_params={"window": 8, "sinks": 2, "slots": 4, "retention_block": 4},
+                    stages={"retention": {"steps": 3, "objective": objective, "lr": 0.05}}, save_every=0)
+    cfg["data"]["seq_len"] = 64
+    Trainer(load_config(write_config(tmp_path / "c.yaml", cfg))).run()
+    log = read_log(tmp_path / "o")
+    assert [r["stage"] for r in log if "loss" in r] == ["retention"] * 3
+    saved = load_file(str(tmp_path / "o" / "final" / "model.safetensors"))
+    original = load_file(str(tiny_llama / "model.safetensors"))
+    gates = [n for n in saved if ".retention_gate." in n]
+    assert len(gates) == 2 * 4  # w1, b1, w2, b2 per layer
+    assert any(not torch.equal(saved[n], torch.zeros_like(saved[n])) for n in gates if n.endswith(".w2"))
+    for name, tensor in original.items():  # the model's own weights did not move
+        assert torch.equal(saved[name], tensor), name
+
+
+def test_the_retention_stage_refuses_a_model_without_slots_and_a_bad_objective(tiny_llama, tmp_path):
+    from hf_kernel_attn.configfile import ConfigError
+    from hf_kernel_attn.training import Trainer
+    from hf_kernel_attn.training.config import load_config
+    from tests.training.helpers import lm_config, write_config
+
+    cfg = lm_config(tiny_llama, tmp_path / "o", stages={"retention": {"steps": 1, "objective": "h2o"}})
+    with pytest.raises(ConfigError, match=r"stages.retention.objective must be one of \['kl', 'attention'\]"):
+        load_config(write_config(tmp_path / "c.yaml", cfg))
+    cfg = lm_config(tiny_llama, tmp_path / "o", kernel="softmax", kernel_params={"window": 8},
+                    stages={"retention": {"steps": 1}}, save_every=0)
+    with pytest.raises(ConfigError, match="stages.retention trains the retention gates of softmax layers with slots"):
+        Trainer(load_config(write_config(tmp_path / "c2.yaml", cfg))).run()

@@ -90,7 +90,7 @@ def main() -> None:
         digits = sorted(digit_set)
         captured: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = {}
 
-        def keep(layer, q, k, mask, causal, scaling, captured=captured):
+        def keep(layer, q, k, mask, causal, scaling, value=None, captured=captured):
             if layer in args.layers:
                 captured[layer] = (q[0].float(), k[0].float(), scaling)
 

@@ -1,41 +1,66 @@
-"""Learned retention (TRIM-KV, Bui et al. 2025, arXiv 2512.03324): only the retention gates of softmax layers with
-slots train (kernels/retention.py), with every key outside window and sinks weighed by β_j^(t - p_j) inside the
-softmax (the soft form), on
+"""Learned retention for softmax layers with slots (kernels/retention.py): only the retention gates train. Two
+objectives (``objective``):
+
+``kl`` (TRIM-KV, Bui et al. 2025, arXiv 2512.03324): the model runs the soft form, every key a query could only
+reach through the slots weighed by β_j^(t - p_j) inside the softmax, on
 
     L = τ² · mean_t KL(p_teacher,t ‖ p_student,t)  +  capacity_weight · mean_layers mean_t |E_t - min(C, n_t)| / C
 
 The teacher is the same model with its full softmax attention, computed in the same step; E_t is the sum of
-β_j^(t - p_j) over the n_t keys a query could only reach through the slots (the soft cache's expected size). The gates learn which keys the full model
-still reads far ahead while the capacity term holds the soft cache to the C slots the hard budget keeps at
-inference."""
+β_j^(t - p_j) over the n_t keys a query could only reach through the slots (the soft cache's expected size).
+
+``attention`` (after Locret, Huang et al. 2024, arXiv 2410.01805, whose retaining heads learn each key's future
+attention): one forward of the full-softmax model, no backward through it; per layer and KV head the keys the
+later queries read most once they have left the window (the C highest of :func:`future_attention` in the block)
+are the positives of a binary cross-entropy on the gate's logit z_j (ln β_j = ln σ(z_j)), weighed so that the
+C positives count as much as the rest. The gate sees the original model's keys and values.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from ...integration.transfer import softmax_teacher
-from ...kernels.retention import capacity_terms
+from ...integration.transfer import attention_probe, softmax_teacher
+from ...kernels.retention import capacity_terms, future_attention, sink_flags
+from ...kernels.softmax import SoftmaxKernel
 from ..losses import distillation_loss
 from ..tasks import TASK_TYPES
 from .base import TrainingStage, Trains, register_stage
+
+OBJECTIVES = ("kl", "attention")
+
+
+def _has_slots(config: dict[str, Any]) -> bool:
+    """Whether some layer of the configured model runs softmax with slots."""
+    if config.get("kernel") == "softmax" and (config.get("kernel_params") or {}).get("slots"):
+        return True
+    layers = config.get("layers")
+    return isinstance(layers, dict) and "slots" in repr(layers)
 
 
 @register_stage
 class RetentionStage(TrainingStage):
     name = "retention"
     order = 4
-    defaults = {"lr": 1e-2, "capacity_weight": 1.0, "temperature": 1.0, "max_grad_norm": 1.0}
+    defaults = {"lr": 1e-2, "objective": "kl", "capacity_weight": 1.0, "temperature": 1.0, "max_grad_norm": 1.0}
 
     @classmethod
     def check_config(cls, stage: dict[str, Any], config: dict[str, Any]) -> str | None:
+        if stage["objective"] not in OBJECTIVES:
+            return f"stages.retention.objective must be one of {list(OBJECTIVES)}, got {stage['objective']!r}"
         for key in ("capacity_weight", "temperature"):
             x = stage[key]
             if not (isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0):
                 return f"stages.retention.{key} must be a number >= 0, got {x!r}"
         if not stage["temperature"]:
             return "stages.retention.temperature must be > 0"
+        if stage["steps"] and not _has_slots(config):
+            return ("stages.retention trains the retention gates of softmax layers with slots, but the config gives "
+                    "none: set kernel: softmax with kernel_params {window: W, slots: C, ...} (or slots in a layer's "
+                    "options)")
         if stage["steps"] and not TASK_TYPES[config["task"]].language_model:
             return f"stages.retention distils next-token distributions: it needs task causal_lm, got {config['task']!r}"
         return None
@@ -43,23 +68,65 @@ class RetentionStage(TrainingStage):
     def trains(self) -> Trains:
         return Trains.RETENTION
 
-    @torch.no_grad()
-    def teacher_logits(self, batch: dict[str, Any]) -> torch.Tensor:
+    def _full_softmax(self, batch: dict[str, Any], probe=None) -> torch.Tensor:
         t = self.context
         was_training = t.model.training
         t.model.eval()
         try:
-            with softmax_teacher():
-                return t.model(**self.task.inputs(batch), use_cache=False).logits
+            with torch.no_grad(), softmax_teacher():
+                if probe is None:
+                    return t.model(**self.task.inputs(batch), use_cache=False).logits
+                with attention_probe(probe):
+                    return t.model(**self.task.inputs(batch), use_cache=False).logits
         finally:
             t.model.train(was_training)
 
+    def _gated_layers(self) -> dict[int, SoftmaxKernel]:
+        found = {m.shape.layer_idx: m for m in self.context.model.modules()
+                 if isinstance(m, SoftmaxKernel) and m.slots > 0}
+        if not found:
+            raise ValueError("stages.retention trains retention gates, but no layer runs softmax with slots; give the "
+                             "model kernel softmax with window, sinks and slots (kernel_params: {slots: C, ...})")
+        return found
+
     def loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        teacher = self.teacher_logits(batch)
+        if self.cfg["objective"] == "attention":
+            return self._attention_loss(batch)
+        self._gated_layers()
+        teacher = self._full_softmax(batch)
         with capacity_terms() as terms:
             out = self.context.student()(**self.task.inputs(batch), use_cache=False)
-        if not terms:
-            raise ValueError("stages.retention trains retention gates, but no layer ran softmax with slots; give the "
-                             "model kernel softmax with window, sinks and slots (kernel_params: {slots: C, ...})")
         loss = distillation_loss(out.logits, teacher, temperature=self.cfg["temperature"])
         return loss + self.cfg["capacity_weight"] * torch.stack(terms).mean()
+
+    def _attention_loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        layers = self._gated_layers()
+        seen: list[tuple] = []
+
+        def probe(layer, q, k, key_mask, causal, scaling, value=None):
+            if layer in layers:
+                seen.append((layers[layer], q, k, value, key_mask, scaling))
+
+        self._full_softmax(batch, probe)
+        losses = []
+        for kernel, q, k, v, key_mask, scaling in seen:
+            budget = kernel.options.budget()
+            scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+            target = future_attention(q, k, key_mask, window=budget.window, scale=scale)
+            m = k.shape[-2]
+            real = torch.ones(k.shape[0], m, dtype=torch.bool, device=k.device) if key_mask is None else key_mask.bool()
+            leaves = torch.arange(m, device=k.device) <= m - 1 - budget.window  # keys some query sees outside W
+            eligible = (real & ~sink_flags(real, budget.sinks) & leaves)[:, None, :].expand_as(target)
+            count = int(eligible[0, 0].sum())
+            if count <= budget.slots:
+                continue  # every eligible key fits in the slots: nothing to rank
+            ranked = target.masked_fill(~eligible, -1.0).topk(budget.slots, dim=-1).indices
+            labels = torch.zeros_like(target).scatter_(-1, ranked, 1.0)
+            z = kernel.retention_gate.logits(k, v)
+            weight = torch.where(labels > 0, (count - budget.slots) / budget.slots, 1.0) * eligible
+            losses.append((F.binary_cross_entropy_with_logits(z, labels, reduction="none") * weight).sum()
+                          / weight.sum())
+        if not losses:
+            raise ValueError("stages.retention (objective attention): every block is shorter than window + slots, "
+                             "so no key has to be ranked; raise data.seq_len")
+        return torch.stack(losses).mean()
