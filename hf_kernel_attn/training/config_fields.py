@@ -206,7 +206,10 @@ STAGE_KEYS: dict[str, tuple[str, str]] = {
     "target_modules": ("list[str] | None", "LoRA: the modules adapted (null: the model family's attention "
                                            "projections); distill with `train: full`: only these train"),
     "train_kernel": ("bool", "the kernel's own parameters train too"),
-    "temperature": ("float", "distill: τ of the teacher's and student's next-token distributions"),
+    "temperature": ("float", "distill, retention (kl): τ of the teacher's and student's next-token distributions"),
+    "objective": ("str", "retention: `kl` (soft retention, KL to the full softmax + capacity term) | `attention` "
+                         "(BCE on the keys the full softmax reads most after the window)"),
+    "capacity_weight": ("float", "retention (kl): the weight of the capacity term mean_t |E_t - min(C, n_t)| / C"),
     "ce_weight": ("float", "distill: the weight of the cross-entropy added to τ² · KL"),
     "train": ("str", "distill: `lora` (adapters) | `full` (the weights)"),
 }
