@@ -120,7 +120,8 @@ def test_softmax_layers_keep_their_saved_choice(mixed_ckpt):
     assert model.config.kernel_attention["layers"] == {"0": "softmax"}
     assert model.config.kernel_attention["params"] == {**SAVED, "window": 16}
     first, second = kernel_options(model)
-    assert first == {"window": 0, "sinks": 0}  # softmax's own window option: not given to it, as on the CLI
+    # softmax's own window option: not given to it, as on the CLI
+    assert {k: first[k] for k in ("window", "sinks", "slots")} == {"window": 0, "sinks": 0, "slots": 0}
     assert second["window"] == 16
 
 
@@ -143,7 +144,8 @@ def test_an_option_the_checkpoint_lacks_is_named(hedgehog_ckpt, key, hint):
 
 
 def test_the_error_names_the_other_kernels_of_the_checkpoint(mixed_ckpt):
-    with pytest.raises(ValueError, match=r"layers \[0\] run 'softmax' \(options: \['window', 'sinks'\]\), "
+    with pytest.raises(ValueError, match=r"layers \[0\] run 'softmax' \(options: \['window', 'sinks', 'slots', "
+                                         r"'retention', 'retention_block', 'gate_hidden', 'gate_bias'\]\), "
                                          r"kept as saved"):
         hf_kernel_attn.from_pretrained(mixed_ckpt, sigma=1.0)
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ...integration.transfer import attention_probe, softmax_teacher
+from ...kernels import is_softmax
 from ...kernels.retention import capacity_terms, future_attention, sink_flags
 from ...kernels.softmax import SoftmaxKernel
 from ..losses import distillation_loss
@@ -35,7 +36,7 @@ OBJECTIVES = ("kl", "attention")
 
 def _has_slots(config: dict[str, Any]) -> bool:
     """Whether some layer of the configured model runs softmax with slots."""
-    if config.get("kernel") == "softmax" and (config.get("kernel_params") or {}).get("slots"):
+    if is_softmax(str(config.get("kernel"))) and (config.get("kernel_params") or {}).get("slots"):
         return True
     layers = config.get("layers")
     return isinstance(layers, dict) and "slots" in repr(layers)
