@@ -6,6 +6,9 @@ LLMs", arXiv 2512.03324): a small gate per KV head gives each key j, once, when 
 
     r_j(t) = (t - p_j) · ln β_j                      (the log of β_j^(t - p_j))
 
+or, with ``decay`` off, r_j = ln β_j: a keep score fixed when the key is created, as Locret's retaining heads give
+(Huang et al. 2024, arXiv 2410.01805), so that an old key with a high score outranks a recent one with a lower.
+
 Gate input: the key's RoPE pair norms ‖(k_i, k_{i + D/2})‖ (a rotation leaves them unchanged, so the score does
 not depend on where the key sits) and the value, RMS-normalised; a two-layer MLP per KV head, its output weights
 starting at 0 (every β the same: the score is then the age alone, a longer window).
@@ -19,9 +22,9 @@ bytes on S, W, B and C alone. A prefill runs one eviction per block of B queries
 
 Training (soft): a key outside window and sinks is weighed by β_j^(t - p_j) inside the softmax,
 
-    logit_tj = s q_t·k_j + (t - p_j) ln β_j,
+    logit_tj = s q_t·k_j + (t - p_j) ln β_j        (s q_t·k_j + ln β_j without decay),
 
-and E_t = Σ_j β_j^(t - p_j) over those keys (the soft cache's expected size) gives the capacity term
+and E_t = Σ_j β_j^(t - p_j) (Σ_j β_j) over those keys (the soft cache's expected size) gives the capacity term
 mean_t |E_t - min(C, n_t)| / C (n_t: the keys there are to keep) that holds the soft cache at the slots' size:
 above it the soft form keeps more than the hard budget can, below it every retention fades towards 0 and the KL
 term's gradient with it.
@@ -160,7 +163,7 @@ def soft_retention_attention(
     for a in range(0, n, SOFT_QUERY_CHUNK):
         e = min(n, a + SOFT_QUERY_CHUNK)
         o, x = checkpoint(_soft_chunk, qg[:, :, :, a:e], k, v, log_beta, real, forgettable,
-                          torch.tensor([m - n + a, window, slots]), scale, use_reentrant=False)
+                          torch.tensor([m - n + a, window, slots, int(budget.decay)]), scale, use_reentrant=False)
         outs.append(o)
         gaps.append(x)
     record_capacity(torch.cat(gaps, -1).mean())
@@ -169,13 +172,14 @@ def soft_retention_attention(
 
 
 def _soft_chunk(qc, k, v, log_beta, real, forgettable, where: torch.Tensor, scale: float):
-    first, window, slots = (int(x) for x in where)
+    first, window, slots, decay = (int(x) for x in where)
     c, m = qc.shape[-2], k.shape[-2]
     qpos = torch.arange(first, first + c, device=qc.device)
     age = qpos[:, None] - torch.arange(m, device=qc.device)[None, :]  # [c, M]
     visible = (age >= 0)[None] & real[:, None, :]  # [B, c, M]
     decays = (age >= window)[None] & forgettable[:, None, :]  # [B, c, M]: keys outside window and sinks
-    bias = (age.clamp_min(0).to(log_beta.dtype)[None, None] * log_beta[:, :, None, :]) * decays[:, None]
+    weight = age.clamp_min(0).to(log_beta.dtype) if decay else torch.ones_like(age, dtype=log_beta.dtype)
+    bias = (weight[None, None] * log_beta[:, :, None, :]) * decays[:, None]
     logits = torch.einsum("bhgcd,bhmd->bhgcm", qc.float(), k.float()) * scale + bias[:, :, None]
     logits = logits.masked_fill(~visible[:, None, None], float("-inf"))
     out = torch.einsum("bhgcm,bhmd->bhgcd", logits.softmax(-1), v.float()).to(v.dtype)
@@ -259,9 +263,10 @@ def _fill_sinks(st: RetentionState, k: torch.Tensor, v: torch.Tensor, real: torc
         st.sink_valid = st.sink_valid | fresh
 
 
-def _boundary(st: RetentionState, t: int, window: int, capacity: int) -> None:
+def _boundary(st: RetentionState, t: int, window: int, capacity: int, decay: bool = True) -> None:
     """Boundary t: the recent keys at positions ≤ t - W (real, no sink) join the pool with the slots; the
-    ``capacity`` with the highest (t - p) ln β stay (ties: the newer key); the recent ones leave ``recent``."""
+    ``capacity`` with the highest (t - p) ln β (ln β without ``decay``) stay (ties: the newer key); the recent ones
+    leave ``recent``."""
     stop = max(0, t - window + 1 - st.start)
     st.boundary = t
     if not stop:
@@ -274,7 +279,8 @@ def _boundary(st: RetentionState, t: int, window: int, capacity: int) -> None:
     pool_pos = torch.cat([st.slot_pos, pos.expand(b, h, -1)], 2)
     pool_logb = torch.cat([st.slot_logb, st.recent_logb[:, :, :stop]], 2)
     pool_ok = torch.cat([st.slot_valid, ok], 2)
-    score = ((t - pool_pos).to(pool_logb.dtype) * pool_logb).masked_fill(~pool_ok, float("-inf"))
+    score = (t - pool_pos).to(pool_logb.dtype) * pool_logb if decay else pool_logb.clone()
+    score = score.masked_fill(~pool_ok, float("-inf"))
     # order: the score, then the newer key (every β is the same at a gate's start: the score is the age alone)
     order = torch.argsort(pool_pos, dim=-1, descending=True, stable=True)
     ranked = torch.argsort(score.gather(2, order), dim=-1, descending=True, stable=True)
@@ -338,7 +344,7 @@ def retention_attention(
     outs, first = [], offset
     while first < offset + n:
         if first % budget.block == 0 and first > st.boundary:
-            _boundary(st, first, budget.window, budget.slots)
+            _boundary(st, first, budget.window, budget.slots, budget.decay)
         last = min(offset + n, (first // budget.block + 1) * budget.block)
         outs.append(_attend_segment(q[:, :, first - offset:last - offset], st, first, budget.window, scale))
         first = last
@@ -349,12 +355,14 @@ def retention_attention(
 
 @dataclasses.dataclass(frozen=True)
 class RetentionBudget:
-    """What a retention cache holds: ``sinks`` S, ``window`` W, ``slots`` C, decided every ``block`` B positions."""
+    """What a retention cache holds: ``sinks`` S, ``window`` W, ``slots`` C, decided every ``block`` B positions
+    by the score with (``decay``) or without the key's age."""
 
     window: int
     sinks: int
     slots: int
     block: int
+    decay: bool = True
 
     def tokens(self) -> int:
         """Keys held at most besides the C slots' growth: S + (W - 1) + B + C."""

@@ -200,6 +200,9 @@ class SoftmaxOptions(KernelOptions):
                         bound="tokens")
     retention: str = option("learned", "the score that decides the slots: learned (a gate per KV head, trained by "
                                        "the retention stage; TRIM-KV)")
+    retention_decay: bool = option(True, "true: a key's score is ln β decayed with its age, (t - p) ln β (TRIM-KV; "
+                                         "the retention stage's objective kl); false: ln β alone, fixed when the "
+                                         "key is created (a keep score; the objective attention trains it)")
     retention_block: int = option(32, "B: the slots are decided every B positions (one eviction per block of "
                                       "queries in a prefill)", bound="tokens")
     gate_hidden: int = option(16, "hidden width of the retention gate's MLP per KV head")
@@ -222,7 +225,8 @@ class SoftmaxOptions(KernelOptions):
         number_in("gate_bias", self.gate_bias, -50.0, 50.0, meaning="the retention gate's starting output bias")
 
     def budget(self) -> RetentionBudget:
-        return RetentionBudget(window=self.window, sinks=self.sinks, slots=self.slots, block=self.retention_block)
+        return RetentionBudget(window=self.window, sinks=self.sinks, slots=self.slots, block=self.retention_block,
+                               decay=self.retention_decay)
 
 
 class SoftmaxKernel(Kernel):

@@ -152,6 +152,8 @@ class DataConfig:
                                    default=0.0)
     recall_max_facts: int = _help("facts per such block (1 ... this), each stated once and asked at the end",
                                   default=3)
+    recall_style: str = _help("wording of those facts: plain (one sentence form, 5-digit numbers) or varied "
+                              "(several forms, keys and value formats)", default="plain")
 
     def __post_init__(self) -> None:
         _check(isinstance(self.train, (str, list)) and bool(self.train),
@@ -165,6 +167,8 @@ class DataConfig:
                f"data.recall_fraction must be in [0, 1], got {self.recall_fraction!r}")
         _check(_is_int(self.recall_max_facts, 1),
                f"data.recall_max_facts must be an integer >= 1, got {self.recall_max_facts!r}")
+        _check(self.recall_style in ("plain", "varied"),
+               f"data.recall_style must be one of ['plain', 'varied'], got {self.recall_style!r}")
 
 
 @dataclass

@@ -109,6 +109,7 @@ def text_blocks(config: dict[str, Any], tokenizer) -> tuple[Split, Split]:
     if data["recall_fraction"]:
         train = with_recall_facts(train, lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
                                   fraction=data["recall_fraction"], max_facts=data["recall_max_facts"],
+                                  style=data["recall_style"],
                                   seed=config["seed"])
     return Split(train), Split(valid)
 

@@ -244,7 +244,7 @@ class ModelSetup:
         rows, targets = [], []
         for b in batches:
             blocks = [recall_block_spans(row.tolist(), encode, random.Random(
-                (self.config["seed"] + 1) * 1_000_003 + j), data["recall_max_facts"])
+                (self.config["seed"] + 1) * 1_000_003 + j), data["recall_max_facts"], data["recall_style"])
                 for j, row in enumerate(b["input_ids"])]
             rows.append({"input_ids": torch.tensor([blk for blk, _ in blocks], dtype=b["input_ids"].dtype)})
             targets.append([recall_span_targets(spans) for _, spans in blocks])

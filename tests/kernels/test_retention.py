@@ -34,9 +34,10 @@ def _randomise_gate(kernel, seed=0):
     return kernel
 
 
-def brute_force(q, k, v, log_beta, real, *, window, sinks, slots, block, scale):
+def brute_force(q, k, v, log_beta, real, *, window, sinks, slots, block, scale, decay=True):
     """The eviction rule simulated one position at a time with Python lists, then softmax over each query's
-    visible keys: sinks (the first S real keys), the window, and the slots decided at the last boundary."""
+    visible keys: sinks (the first S real keys), the window, and the slots decided at the last boundary (by
+    (t - j) ln β_j, or ln β_j without ``decay``)."""
     b, hq, n, _ = q.shape
     hkv = k.shape[1]
     out = torch.zeros(b, n, hq, v.shape[-1], dtype=torch.float64)
@@ -50,7 +51,7 @@ def brute_force(q, k, v, log_beta, real, *, window, sinks, slots, block, scale):
                 if t and t % block == 0:
                     cands = [j for j in range(decided + 1, t - window + 1) if real[row, j] and j not in sink_set]
                     pool = kept + cands
-                    pool.sort(key=lambda j: ((t - j) * float(log_beta[row, h, j]), j), reverse=True)
+                    pool.sort(key=lambda j: ((t - j if decay else 1) * float(log_beta[row, h, j]), j), reverse=True)
                     kept = pool[:slots]
                     decided = max(decided, t - window)
                 visible = {j for j in sink_set if j <= t} | {j for j in range(max(0, t - window + 1), t + 1)
@@ -67,10 +68,10 @@ def brute_force(q, k, v, log_beta, real, *, window, sinks, slots, block, scale):
     return out
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_the_hard_budget_equals_a_brute_force_simulation_of_the_eviction_rule(seed):
+@pytest.mark.parametrize(("seed", "decay"), [(0, True), (1, True), (2, False)])
+def test_the_hard_budget_equals_a_brute_force_simulation_of_the_eviction_rule(seed, decay):
     torch.manual_seed(seed)
-    kernel = _randomise_gate(_kernel(), seed)
+    kernel = _randomise_gate(_kernel(retention_decay=decay), seed)
     n = 37
     q, k, v = torch.randn(2, 4, n, 16), torch.randn(2, 2, n, 16), torch.randn(2, 2, n, 16)
     real = torch.ones(2, n, dtype=torch.bool)
@@ -78,15 +79,18 @@ def test_the_hard_budget_equals_a_brute_force_simulation_of_the_eviction_rule(se
     with torch.no_grad():
         got = kernel(q, k, v, key_mask=real, causal=True)
         log_beta = kernel.retention_gate(k, v)
-    want = brute_force(q, k, v, log_beta, real, window=6, sinks=2, slots=3, block=4, scale=0.25)
+    want = brute_force(q, k, v, log_beta, real, window=6, sinks=2, slots=3, block=4, scale=0.25, decay=decay)
+    other = brute_force(q, k, v, log_beta, real, window=6, sinks=2, slots=3, block=4, scale=0.25, decay=not decay)
+    assert not torch.allclose(want[0], other[0])  # the two rules keep different keys here
     assert log_beta.std() > 0.1  # the scores differ from key to key, so the ranking matters
     torch.testing.assert_close(got[0].double(), want[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[1, 5:].double(), want[1, 5:], atol=1e-5, rtol=1e-5)
 
 
-def test_a_prefill_in_any_chunks_equals_token_by_token_decoding():
+@pytest.mark.parametrize("decay", [True, False])
+def test_a_prefill_in_any_chunks_equals_token_by_token_decoding(decay):
     torch.manual_seed(2)
-    kernel = _randomise_gate(_kernel(), 3)
+    kernel = _randomise_gate(_kernel(retention_decay=decay), 3)
     n = 41
     q, k, v = torch.randn(1, 4, n, 16), torch.randn(1, 2, n, 16), torch.randn(1, 2, n, 16)
     with torch.no_grad():
@@ -291,7 +295,8 @@ def test_the_retention_stage_trains_only_the_gates(objective, tiny_llama, tmp_pa
     from tests.training.helpers import lm_config, read_log, write_config
 
     cfg = lm_config(tiny_llama, tmp_path / "o", kernel="softmax",
-                    kernel_params={"window": 8, "sinks": 2, "slots": 4, "retention_block": 4},
+                    kernel_params={"window": 8, "sinks": 2, "slots": 4, "retention_block": 4,
+                                   "retention_decay": objective == "kl"},
                     stages={"retention": {"steps": 3, "objective": objective, "lr": 0.05}}, save_every=0)
     cfg["data"]["seq_len"] = 64
     Trainer(load_config(write_config(tmp_path / "c.yaml", cfg))).run()
@@ -319,3 +324,43 @@ def test_the_retention_stage_refuses_a_model_without_slots_and_a_bad_objective(t
                     stages={"retention": {"steps": 1}}, save_every=0)
     with pytest.raises(ConfigError, match="stages.retention trains the retention gates of softmax layers with slots"):
         Trainer(load_config(write_config(tmp_path / "c2.yaml", cfg))).run()
+    # the attention objective's score does not age: slots that rank by age would throw old keys away
+    cfg = lm_config(tiny_llama, tmp_path / "o", kernel="softmax", kernel_params={"window": 8, "slots": 4},
+                    stages={"retention": {"steps": 1, "objective": "attention"}}, save_every=0)
+    with pytest.raises(ConfigError, match="set kernel_params.retention_decay: false"):
+        load_config(write_config(tmp_path / "c3.yaml", cfg))
+
+
+@pytest.mark.parametrize("decay", [True, False])
+def test_the_soft_form_weighs_each_old_key_by_its_retention_inside_the_softmax(decay):
+    """The training form against the formula written out per query and key with float64 loops: keys outside the
+    window and the sinks get (t - j) ln β_j (ln β_j without decay) added to their logit; the capacity term is
+    |Σ_j β_j^(t - j) - min(C, n_t)| / C averaged over queries."""
+    torch.manual_seed(9)
+    kernel = _randomise_gate(_kernel(retention_decay=decay), 9).train()
+    n, window, sinks, slots = 23, 6, 2, 3
+    q, k, v = torch.randn(1, 4, n, 16), torch.randn(1, 2, n, 16), torch.randn(1, 2, n, 16)
+    with capacity_terms() as terms:
+        got = kernel(q, k, v, causal=True)
+    log_beta = kernel.retention_gate(k, v).detach().double()
+    want = torch.zeros(1, n, 4, 16, dtype=torch.float64)
+    gaps = []
+    for h in range(4):
+        g = h // 2
+        for t in range(n):
+            logits, expected, old = [], 0.0, 0
+            for j in range(t + 1):
+                x = float(q[0, h, t].double() @ k[0, g, j].double()) * 0.25
+                if t - j >= window and j >= sinks:
+                    bias = (t - j if decay else 1) * float(log_beta[0, g, j])
+                    x += bias
+                    expected += math.exp(bias)
+                    old += 1
+                logits.append(x)
+            w = torch.tensor(logits, dtype=torch.float64).softmax(0)
+            want[0, t, h] = (w[:, None] * v[0, g, :t + 1].double()).sum(0)
+            if h % 2 == 0:
+                gaps.append(abs(expected - min(slots, old)) / slots)
+    torch.testing.assert_close(got.detach().double(), want, atol=1e-5, rtol=1e-5)
+    assert len(terms) == 1
+    assert float(terms[0]) == pytest.approx(sum(gaps) / len(gaps), rel=1e-4)

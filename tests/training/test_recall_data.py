@@ -59,3 +59,42 @@ def test_recall_fraction_errors(tiny_llama, tmp_path):
                            ({"data.recall_fraction": 0.2, "task": "sentence_embedding"}, "needs task causal_lm")]:
         with pytest.raises(ConfigError, match=message):
             load_config(write_config(tmp_path / "c.yaml", lm_config(tiny_llama, tmp_path / "o", **extra)))
+
+
+VALUE = re.compile(r"([A-Z]{2}\d{3,4}|\d{2,3}-\d{4}|[a-z]+-\d{1,3}|\d{4,7})\.?$")
+TASK_WORDING = re.compile(r"magic number|pass ?key|special|mentioned in the provided text", re.IGNORECASE)
+
+
+def test_varied_recall_facts_state_once_what_is_asked_in_other_words(tiny_llama, tmp_path):
+    """``data.recall_style: varied``: each answer's value (parsed from the answer text) is stated once in the
+    filler, in a sentence that names the asked key; several wordings and value formats occur; none is the wording
+    of the passkey/niah/RULER tasks."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from hf_kernel_attn.training.recall_data import recall_block_spans
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    filler = encode(SHAKESPEARE.read_text()[:20000])[:600]
+    questions, formats = set(), set()
+    for seed in range(40):
+        ids, spans = recall_block_spans(filler, encode, random.Random(seed), 3, "varied")
+        assert len(ids) == len(filler) and spans
+        text = tok.decode(ids)
+        for fact_start, fact_end, answer_start, answer_end in spans:
+            stated, answer = tok.decode(ids[fact_start:fact_end]), tok.decode(ids[answer_start:answer_end])
+            question = tok.decode(ids[fact_end:answer_start]).rsplit("\n", 2)[-2:]
+            assert not TASK_WORDING.search(stated + question[0] + answer)
+            value = VALUE.search(answer.strip()).group(1)
+            assert value in stated and text.count(value) == 2, (stated, answer)
+            questions.add(re.sub(r"[A-Z][a-z]+'s \w+|the [a-z ]+|(Project|Operation) \w+", "K", question[0]))
+            formats.add(re.sub(r"[a-z]+", "a", re.sub(r"[A-Z]", "A", re.sub(r"\d+", "9", value))))
+    assert len(questions) >= 5 and formats >= {"9", "9-9", "AA9", "a-9"}, (questions, formats)
+
+
+def test_recall_style_is_checked(tiny_llama, tmp_path):
+    with pytest.raises(ConfigError, match=r"data.recall_style must be one of \['plain', 'varied'\], got 'fancy'"):
+        load_config(write_config(tmp_path / "c.yaml", lm_config(tiny_llama, tmp_path / "o",
+                                                                **{"data.recall_style": "fancy"})))

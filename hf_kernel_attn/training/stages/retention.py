@@ -62,6 +62,11 @@ class RetentionStage(TrainingStage):
             return ("stages.retention trains the retention gates of softmax layers with slots, but the config gives "
                     "none: set kernel: softmax with kernel_params {window: W, slots: C, ...} (or slots in a layer's "
                     "options)")
+        decay = (config.get("kernel_params") or {}).get("retention_decay", True)
+        if stage["steps"] and stage["objective"] == "attention" and decay is not False:
+            return ("stages.retention with objective attention trains a keep score that does not age (a key's "
+                    "future attention), but the slots rank keys by (t - p) ln β: set kernel_params.retention_decay: "
+                    "false, or use objective kl (which trains the aged score)")
         if stage["steps"] and not TASK_TYPES[config["task"]].language_model:
             return f"stages.retention distils next-token distributions: it needs task causal_lm, got {config['task']!r}"
         return None
