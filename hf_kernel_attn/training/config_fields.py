@@ -213,6 +213,8 @@ STAGE_KEYS: dict[str, tuple[str, str]] = {
     "temperature": ("float", "distill, retention (kl): τ of the teacher's and student's next-token distributions"),
     "objective": ("str", "retention: `kl` (soft retention, KL to the full softmax + capacity term) | `attention` "
                          "(BCE on the keys the full softmax reads most after the window)"),
+    "read_distance": ("int", "retention (attention): a key's label counts only the reads of queries at least "
+                             "this many positions later (0: the window W)"),
     "capacity_weight": ("float", "retention (kl): the weight of the capacity term mean_t |E_t - min(C, n_t)| / C"),
     "ce_weight": ("float", "distill: the weight of the cross-entropy added to τ² · KL"),
     "train": ("str", "distill: `lora` (adapters) | `full` (the weights)"),

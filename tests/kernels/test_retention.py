@@ -297,7 +297,9 @@ def test_the_retention_stage_trains_only_the_gates(objective, tiny_llama, tmp_pa
     cfg = lm_config(tiny_llama, tmp_path / "o", kernel="softmax",
                     kernel_params={"window": 8, "sinks": 2, "slots": 4, "retention_block": 4,
                                    "retention_decay": objective == "kl"},
-                    stages={"retention": {"steps": 3, "objective": objective, "lr": 0.05}}, save_every=0)
+                    stages={"retention": {"steps": 3, "objective": objective, "lr": 0.05,
+                                          **({"read_distance": 16} if objective == "attention" else {})}},
+                    save_every=0)
     cfg["data"]["seq_len"] = 64
     Trainer(load_config(write_config(tmp_path / "c.yaml", cfg))).run()
     log = read_log(tmp_path / "o")
@@ -329,6 +331,10 @@ def test_the_retention_stage_refuses_a_model_without_slots_and_a_bad_objective(t
                     stages={"retention": {"steps": 1, "objective": "attention"}}, save_every=0)
     with pytest.raises(ConfigError, match="set kernel_params.retention_decay: false"):
         load_config(write_config(tmp_path / "c3.yaml", cfg))
+    cfg["kernel_params"]["retention_decay"] = False
+    cfg["stages"]["retention"]["read_distance"] = -1
+    with pytest.raises(ConfigError, match="stages.retention.read_distance must be an integer >= 0, got -1"):
+        load_config(write_config(tmp_path / "c4.yaml", cfg))
 
 
 @pytest.mark.parametrize("decay", [True, False])

@@ -4,9 +4,11 @@
         [--length 1024] [--depth 0.5]
 
 A needle sentence in the niah task's wording is placed in WikiText-2 validation text; one forward with the full
-cache off (use_cache=False) records each layer's ln β from the gate, and for every fifth layer and KV head the rank,
-at the prompt's end, of the needle's best token among the keys outside the window by the slots' score
-(t - p) ln β. A rank below the slot count C means the needle would be held."""
+cache off (use_cache=False) records each layer's ln β from the gate, and for every fifth layer (``--every``) and
+KV head the rank, at the prompt's end, of the needle's best token among the keys outside the window and the sinks
+by the slots' score ((t - p) ln β, or ln β with retention_decay false), and how many of the needle's tokens are
+among the C best (``docs/long_context/probes/needle_oracle_probe.py``: SmolLM2 answers when the slots hold the
+whole needle sentence, not when they hold only its number)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ def main() -> None:
     ap.add_argument("--data-dir", required=True, type=Path)
     ap.add_argument("--length", type=int, default=1024)
     ap.add_argument("--depth", type=float, default=0.5)
+    ap.add_argument("--every", type=int, default=5, help="print every N-th layer")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(args.model)
@@ -43,19 +46,22 @@ def main() -> None:
         kernel = layer.self_attn.kernel_attn
 
         def hook(mod, args_, kwargs, i=i):
-            found[i] = (mod.retention_gate(args_[1], args_[2]).detach()[0], mod.options.window)
+            found[i] = (mod.retention_gate(args_[1], args_[2]).detach()[0], mod.options)
 
         kernel.register_forward_pre_hook(hook, with_kwargs=True)
     with torch.no_grad():
         model(torch.tensor([ids]), use_cache=False)
     n = len(ids)
-    for i in range(0, len(found), 5):
-        log_beta, window = found[i]
-        score = (n - torch.arange(n))[None] * log_beta
-        score[:, torch.arange(n) > n - window] = float("-inf")  # still inside the window
-        ranks = [int((score[h] > score[h, cut:cut + len(needle)].max()).sum()) for h in range(score.shape[0])]
-        print(f"layer {i:2d}: needle ln β {log_beta[:, cut:cut + len(needle)].mean():.2e}, others "
-              f"{log_beta.mean():.2e}; the needle's best rank per KV head {ranks}")
+    span = slice(cut, cut + len(needle))
+    for i in range(0, len(found), args.every):
+        log_beta, options = found[i]
+        score = (n - torch.arange(n))[None] * log_beta if options.retention_decay else log_beta.clone()
+        score[:, torch.arange(n) > n - options.window] = float("-inf")  # still inside the window
+        score[:, :options.sinks] = float("-inf")  # sinks are held anyway
+        ranks = [int((score[h] > score[h, span].max()).sum()) for h in range(score.shape[0])]
+        held = [int((score[h, span] >= score[h].topk(options.slots).values[-1]).sum()) for h in range(score.shape[0])]
+        print(f"layer {i:2d}: needle ln β {log_beta[:, span].mean():.2e}, others {log_beta.mean():.2e}; the "
+              f"needle's best rank per KV head {ranks}; needle tokens held {held} of {len(needle)}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ The teacher is the same model with its full softmax attention, computed in the s
 
 ``attention`` (after Locret, Huang et al. 2024, arXiv 2410.01805, whose retaining heads learn each key's future
 attention): one forward of the full-softmax model, no backward through it; per layer and KV head the keys the
-later queries read most once they have left the window (the C highest of :func:`future_attention` in the block)
+later queries read most once they have left the window (the C highest of :func:`future_attention` in the block;
+with ``read_distance`` D > W only the reads of queries at least D positions later count)
 are the positives of a binary cross-entropy on the gate's logit z_j (ln β_j = ln σ(z_j)), weighed so that the
 C positives count as much as the rest. The gate sees the original model's keys and values.
 """
@@ -46,7 +47,8 @@ def _has_slots(config: dict[str, Any]) -> bool:
 class RetentionStage(TrainingStage):
     name = "retention"
     order = 4
-    defaults = {"lr": 1e-2, "objective": "kl", "capacity_weight": 1.0, "temperature": 1.0, "max_grad_norm": 1.0}
+    defaults = {"lr": 1e-2, "objective": "kl", "capacity_weight": 1.0, "temperature": 1.0, "max_grad_norm": 1.0,
+                "read_distance": 0}
 
     @classmethod
     def check_config(cls, stage: dict[str, Any], config: dict[str, Any]) -> str | None:
@@ -56,6 +58,9 @@ class RetentionStage(TrainingStage):
             x = stage[key]
             if not (isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0):
                 return f"stages.retention.{key} must be a number >= 0, got {x!r}"
+        x = stage["read_distance"]
+        if not (isinstance(x, int) and not isinstance(x, bool) and x >= 0):
+            return f"stages.retention.read_distance must be an integer >= 0, got {x!r}"
         if not stage["temperature"]:
             return "stages.retention.temperature must be > 0"
         if stage["steps"] and not _has_slots(config):
@@ -118,10 +123,11 @@ class RetentionStage(TrainingStage):
         for kernel, q, k, v, key_mask, scaling in seen:
             budget = kernel.options.budget()
             scale = q.shape[-1] ** -0.5 if scaling is None else scaling
-            target = future_attention(q, k, key_mask, window=budget.window, scale=scale)
+            distance = max(budget.window, self.cfg["read_distance"])
+            target = future_attention(q, k, key_mask, window=distance, scale=scale)
             m = k.shape[-2]
             real = torch.ones(k.shape[0], m, dtype=torch.bool, device=k.device) if key_mask is None else key_mask.bool()
-            leaves = torch.arange(m, device=k.device) <= m - 1 - budget.window  # keys some query sees outside W
+            leaves = torch.arange(m, device=k.device) <= m - 1 - distance  # keys some query reads that far on
             eligible = (real & ~sink_flags(real, budget.sinks) & leaves)[:, None, :].expand_as(target)
             count = int(eligible[0, 0].sum())
             if count <= budget.slots:
