@@ -215,6 +215,8 @@ STAGE_KEYS: dict[str, tuple[str, str]] = {
                          "(BCE on the keys the full softmax reads most after the window)"),
     "read_distance": ("int", "retention (attention): a key's label counts only the reads of queries at least "
                              "this many positions later (0: the window W)"),
+    "fact_labels": ("bool", "retention (attention): state recall facts in every block (data.recall_max_facts, "
+                            "data.recall_style) and label their tokens as keys to keep"),
     "capacity_weight": ("float", "retention (kl): the weight of the capacity term mean_t |E_t - min(C, n_t)| / C"),
     "ce_weight": ("float", "distill: the weight of the cross-entropy added to τ² · KL"),
     "train": ("str", "distill: `lora` (adapters) | `full` (the weights)"),

@@ -286,8 +286,8 @@ def test_the_attention_objective_also_teaches_the_gate_to_keep_the_early_key():
     assert after < 0.05 * before, (before, after)
 
 
-@pytest.mark.parametrize("objective", ["kl", "attention"])
-def test_the_retention_stage_trains_only_the_gates(objective, tiny_llama, tmp_path):
+@pytest.mark.parametrize("objective", ["kl", "attention", "attention+facts"])
+def test_the_retention_stage_trains_only_the_gates(objective, tiny_llama, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
     from hf_kernel_attn.training import Trainer
@@ -297,11 +297,25 @@ def test_the_retention_stage_trains_only_the_gates(objective, tiny_llama, tmp_pa
     cfg = lm_config(tiny_llama, tmp_path / "o", kernel="softmax",
                     kernel_params={"window": 8, "sinks": 2, "slots": 4, "retention_block": 4,
                                    "retention_decay": objective == "kl"},
-                    stages={"retention": {"steps": 3, "objective": objective, "lr": 0.05,
-                                          **({"read_distance": 16} if objective == "attention" else {})}},
+                    stages={"retention": {"steps": 3, "objective": objective.split("+")[0], "lr": 0.05,
+                                          **({"read_distance": 16} if objective == "attention" else {}),
+                                          **({"fact_labels": True} if objective.endswith("facts") else {})}},
                     save_every=0)
-    cfg["data"]["seq_len"] = 64
+    cfg["data"]["seq_len"] = 128 if objective.endswith("facts") else 64  # room for a fact and its question
+    from hf_kernel_attn.training.stages.retention import RetentionStage
+
+    stated_tokens = []
+    with_facts = RetentionStage._with_facts
+
+    def spy(self, batch):
+        new, stated = with_facts(self, batch)
+        stated_tokens.append(int(stated.sum()))
+        assert not torch.equal(new["input_ids"], batch["input_ids"])
+        return new, stated
+
+    monkeypatch.setattr(RetentionStage, "_with_facts", spy)
     Trainer(load_config(write_config(tmp_path / "c.yaml", cfg))).run()
+    assert bool(stated_tokens) == objective.endswith("facts") and all(n > 0 for n in stated_tokens), stated_tokens
     log = read_log(tmp_path / "o")
     assert [r["stage"] for r in log if "loss" in r] == ["retention"] * 3
     saved = load_file(str(tmp_path / "o" / "final" / "model.safetensors"))
@@ -335,6 +349,10 @@ def test_the_retention_stage_refuses_a_model_without_slots_and_a_bad_objective(t
     cfg["stages"]["retention"]["read_distance"] = -1
     with pytest.raises(ConfigError, match="stages.retention.read_distance must be an integer >= 0, got -1"):
         load_config(write_config(tmp_path / "c4.yaml", cfg))
+    cfg["stages"]["retention"] = {"steps": 1, "objective": "kl", "fact_labels": True}
+    cfg["kernel_params"]["retention_decay"] = True
+    with pytest.raises(ConfigError, match="fact_labels labels the keys of the attention objective"):
+        load_config(write_config(tmp_path / "c5.yaml", cfg))
 
 
 @pytest.mark.parametrize("decay", [True, False])

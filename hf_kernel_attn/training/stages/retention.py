@@ -12,13 +12,17 @@ The teacher is the same model with its full softmax attention, computed in the s
 ``attention`` (after Locret, Huang et al. 2024, arXiv 2410.01805, whose retaining heads learn each key's future
 attention): one forward of the full-softmax model, no backward through it; per layer and KV head the keys the
 later queries read most once they have left the window (the C highest of :func:`future_attention` in the block;
-with ``read_distance`` D > W only the reads of queries at least D positions later count)
+with ``read_distance`` D > W only the reads of queries at least D positions later count; with ``fact_labels`` the
+stage states recall facts in every block (:func:`~hf_kernel_attn.training.recall_data.recall_block_spans`, the
+data section's ``recall_max_facts`` and ``recall_style``) and their tokens are positives first, the keys read most
+fill the rest of the C)
 are the positives of a binary cross-entropy on the gate's logit z_j (ln β_j = ln σ(z_j)), weighed so that the
 C positives count as much as the rest. The gate sees the original model's keys and values.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
@@ -29,6 +33,7 @@ from ...kernels import is_softmax
 from ...kernels.retention import capacity_terms, future_attention, sink_flags
 from ...kernels.softmax import SoftmaxKernel
 from ..losses import distillation_loss
+from ..recall_data import recall_block_spans
 from ..tasks import TASK_TYPES
 from .base import TrainingStage, Trains, register_stage
 
@@ -48,7 +53,7 @@ class RetentionStage(TrainingStage):
     name = "retention"
     order = 4
     defaults = {"lr": 1e-2, "objective": "kl", "capacity_weight": 1.0, "temperature": 1.0, "max_grad_norm": 1.0,
-                "read_distance": 0}
+                "read_distance": 0, "fact_labels": False}
 
     @classmethod
     def check_config(cls, stage: dict[str, Any], config: dict[str, Any]) -> str | None:
@@ -61,6 +66,10 @@ class RetentionStage(TrainingStage):
         x = stage["read_distance"]
         if not (isinstance(x, int) and not isinstance(x, bool) and x >= 0):
             return f"stages.retention.read_distance must be an integer >= 0, got {x!r}"
+        if not isinstance(stage["fact_labels"], bool):
+            return f"stages.retention.fact_labels must be true or false, got {stage['fact_labels']!r}"
+        if stage["fact_labels"] and stage["objective"] != "attention":
+            return "stages.retention.fact_labels labels the keys of the attention objective: set objective: attention"
         if not stage["temperature"]:
             return "stages.retention.temperature must be > 0"
         if stage["steps"] and not _has_slots(config):
@@ -110,9 +119,30 @@ class RetentionStage(TrainingStage):
         loss = distillation_loss(out.logits, teacher, temperature=self.cfg["temperature"])
         return loss + self.cfg["capacity_weight"] * torch.stack(terms).mean()
 
+    def _with_facts(self, batch: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
+        """``batch`` with recall facts stated in each row (drawn from the row's first tokens and the seed, so a
+        resumed run sees the same) and where they were stated, ``[B, M]``."""
+        data, ids = self.context.config["data"], batch["input_ids"]
+
+        def encode(text: str) -> list[int]:
+            return self.context.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+        rows, stated = [], torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+        for r, row in enumerate(ids.tolist()):
+            rng = random.Random(hash((self.context.config["seed"], *row[:16])))
+            block, spans = recall_block_spans(row, encode, rng, data["recall_max_facts"], data["recall_style"])
+            rows.append(block)
+            for start, end, _, _ in spans:
+                stated[r, start:end] = True
+        new = torch.tensor(rows, dtype=ids.dtype, device=ids.device)
+        return {**batch, **{key: new for key in ("input_ids", "labels") if key in batch}}, stated
+
     def _attention_loss(self, batch: dict[str, Any]) -> torch.Tensor:
         layers = self._gated_layers()
         seen: list[tuple] = []
+        stated = None
+        if self.cfg["fact_labels"]:
+            batch, stated = self._with_facts(batch)
 
         def probe(layer, q, k, key_mask, causal, scaling, value=None):
             if layer in layers:
@@ -132,7 +162,10 @@ class RetentionStage(TrainingStage):
             count = int(eligible[0, 0].sum())
             if count <= budget.slots:
                 continue  # every eligible key fits in the slots: nothing to rank
-            ranked = target.masked_fill(~eligible, -1.0).topk(budget.slots, dim=-1).indices
+            ranking = target.masked_fill(~eligible, -1.0)
+            if stated is not None:  # the stated facts first (a softmax weight is at most 1)
+                ranking = ranking.masked_fill(stated[:, None, :] & eligible, 2.0)
+            ranked = ranking.topk(budget.slots, dim=-1).indices
             labels = torch.zeros_like(target).scatter_(-1, ranked, 1.0)
             z = kernel.retention_gate.logits(k, v)
             weight = torch.where(labels > 0, (count - budget.slots) / budget.slots, 1.0) * eligible
