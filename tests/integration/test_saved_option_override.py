@@ -145,8 +145,8 @@ def test_an_option_the_checkpoint_lacks_is_named(hedgehog_ckpt, key, hint):
 
 def test_the_error_names_the_other_kernels_of_the_checkpoint(mixed_ckpt):
     with pytest.raises(ValueError, match=r"layers \[0\] run 'softmax' \(options: \['window', 'sinks', 'slots', "
-                                         r"'retention', 'retention_block', 'gate_hidden', 'gate_bias'\]\), "
-                                         r"kept as saved"):
+                                         r"'retention', 'retention_decay', 'retention_block', 'gate_hidden', "
+                                         r"'gate_bias'\]\), kept as saved"):
         hf_kernel_attn.from_pretrained(mixed_ckpt, sigma=1.0)
 
 
