@@ -40,7 +40,7 @@ from ..integration.patching import kernel_config
 from ..integration.swap import patch
 from .config_against_model import check_against_model, check_inference_options
 from .context import RunContext
-from .recall_data import recall_block_spans, recall_span_targets
+from .recall_data import recall_rows, recall_span_targets
 from .stages import Trains
 from .tasks import TrainingTask
 
@@ -243,11 +243,10 @@ class ModelSetup:
 
         rows, targets = [], []
         for b in batches:
-            blocks = [recall_block_spans(row.tolist(), encode, random.Random(
-                (self.config["seed"] + 1) * 1_000_003 + j), data["recall_max_facts"], data["recall_style"])
-                for j, row in enumerate(b["input_ids"])]
-            rows.append({"input_ids": torch.tensor([blk for blk, _ in blocks], dtype=b["input_ids"].dtype)})
-            targets.append([recall_span_targets(spans) for _, spans in blocks])
+            rngs = [random.Random((self.config["seed"] + 1) * 1_000_003 + j) for j in range(len(b["input_ids"]))]
+            ids, spans = recall_rows(b["input_ids"], encode, rngs, data["recall_max_facts"], data["recall_style"])
+            rows.append({"input_ids": ids})
+            targets.append([recall_span_targets(row) for row in spans])
         if retrieval_keep is not None and not any(t for row in targets for t in row):
             raise ValueError(f"heads: retrieval:{retrieval_keep} found no room for a recall fact in the calibration "
                              f"blocks of data.seq_len={data['seq_len']} tokens (a fact and its question "

@@ -142,6 +142,16 @@ def recall_block_spans(block: list[int], encode: Callable[[str], list[int]], rng
     return out, spans
 
 
+def recall_rows(ids: torch.Tensor, encode: Callable[[str], list[int]], rngs: list[random.Random], max_facts: int,
+                style: str = "plain") -> tuple[torch.Tensor, list[list[tuple[int, int, int, int]]]]:
+    """Each row of ``ids`` ``[B, L]`` with facts stated in it (:func:`recall_block_spans`, row r drawing from
+    ``rngs[r]``), and each row's spans."""
+    blocks = [recall_block_spans(row, encode, rng, max_facts, style)
+              for row, rng in zip(ids.tolist(), rngs, strict=True)]
+    return (torch.tensor([blk for blk, _ in blocks], dtype=ids.dtype, device=ids.device),
+            [spans for _, spans in blocks])
+
+
 def with_recall_facts(blocks: torch.Tensor, encode: Callable[[str], list[int]], *, fraction: float,
                       max_facts: int, seed: int, style: str = "plain") -> torch.Tensor:
     """A copy of the training ``blocks`` ``[n, L]`` in which round(fraction · n) blocks, drawn from ``seed``,

@@ -13,7 +13,7 @@ The teacher is the same model with its full softmax attention, computed in the s
 attention): one forward of the full-softmax model, no backward through it; per layer and KV head the keys the
 later queries read most once they have left the window (the C highest of :func:`future_attention` in the block;
 with ``read_distance`` D > W only the reads of queries at least D positions later count; with ``fact_labels`` the
-stage states recall facts in every block (:func:`~hf_kernel_attn.training.recall_data.recall_block_spans`, the
+stage states recall facts in every block (:func:`~hf_kernel_attn.training.recall_data.recall_rows`, the
 data section's ``recall_max_facts`` and ``recall_style``) and their tokens are positives first, the keys read most
 fill the rest of the C)
 are the positives of a binary cross-entropy on the gate's logit z_j (ln β_j = ln σ(z_j)), weighed so that the
@@ -33,7 +33,7 @@ from ...kernels import is_softmax
 from ...kernels.retention import capacity_terms, future_attention, sink_flags
 from ...kernels.softmax import SoftmaxKernel
 from ..losses import distillation_loss
-from ..recall_data import recall_block_spans
+from ..recall_data import recall_rows
 from ..tasks import TASK_TYPES
 from .base import TrainingStage, Trains, register_stage
 
@@ -127,14 +127,12 @@ class RetentionStage(TrainingStage):
         def encode(text: str) -> list[int]:
             return self.context.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-        rows, stated = [], torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
-        for r, row in enumerate(ids.tolist()):
-            rng = random.Random(hash((self.context.config["seed"], *row[:16])))
-            block, spans = recall_block_spans(row, encode, rng, data["recall_max_facts"], data["recall_style"])
-            rows.append(block)
-            for start, end, _, _ in spans:
+        rngs = [random.Random(hash((self.context.config["seed"], *row[:16]))) for row in ids.tolist()]
+        new, spans = recall_rows(ids, encode, rngs, data["recall_max_facts"], data["recall_style"])
+        stated = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+        for r, row in enumerate(spans):
+            for start, end, _, _ in row:
                 stated[r, start:end] = True
-        new = torch.tensor(rows, dtype=ids.dtype, device=ids.device)
         return {**batch, **{key: new for key in ("input_ids", "labels") if key in batch}}, stated
 
     def _attention_loss(self, batch: dict[str, Any]) -> torch.Tensor:
