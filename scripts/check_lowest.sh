@@ -6,7 +6,7 @@
 #
 # torch: by default the tested CPU build from constraints.txt (2.13.0+cpu, a local wheel here), every other
 # requirement at its floor. The torch floor itself (LOWEST_TORCH=1) comes from PyPI only as a CUDA build: torch
-# 2.5.0 plus about 4 GB of nvidia-* wheels, about 7 minutes to install on the 2-core CI machine. That build imports
+# 2.8.0 plus about 4 GB of nvidia-* wheels, about 7 minutes to install on the 2-core CI machine. That build imports
 # and runs on a CPU-only machine (torch.cuda.is_available() is False), so the same suite can run on it: to check by
 # hand before each floor change, too slow and too large for every CI run.
 #

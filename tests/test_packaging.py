@@ -18,7 +18,7 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parents[1]
 # releases a user may already have that installing the plugin must keep (the promise in setup.cfg's comment)
 MUST_ADMIT = {
-    "torch": ["2.5.0", "2.8.0", "2.9.1", "2.12.0", "2.13.0", "2.14.1", "2.15.0"],
+    "torch": ["2.8.0", "2.9.1", "2.12.0", "2.13.0", "2.14.1", "2.15.0"],
     "transformers": ["5.2.0", "5.3.0", "5.4.0", "5.10.1", "5.24.0", "5.25.0"],
 }
 
