@@ -32,7 +32,7 @@ deep copy is patched with each kernel and run on the same inputs. A cell is
 * **ok**: the forward ran, the output is finite, every attached kernel was called, and (softmax) the output
   equals the unpatched model's within {atol:g} (max abs difference);
 * **refused**: `patch` or the forward raised a `ValueError`/`NotImplementedError` from hf_kernel_attn that names
-  the reason, e.g. an architecture whose attention does not route through transformers' `AttentionInterface`
+  the reason, e.g. an architecture whose attention does not dispatch through transformers' `AttentionInterface`
   (`ALL_ATTENTION_FUNCTIONS`) is refused at `patch` time, and so is a config with sliding-window attention;
 * **error**, **mismatch**, **non-finite**, **not run**: any other exception, softmax differing from the
   reference, NaN/inf in the output, or kernels attached but never called (the model ran its own attention).

@@ -58,7 +58,7 @@ def layer_shape(config: Any, module: nn.Module, idx: int) -> LayerShape:
 
 
 def no_interface_message(name: str) -> str:
-    return (f"{name} does not route its attention through transformers' AttentionInterface, so hf_kernel_attn "
+    return (f"{name} does not dispatch its attention through transformers' AttentionInterface, so hf_kernel_attn "
             "cannot swap its kernel (supported: Llama/SmolLM2, Qwen2, Mistral, GPT-2, BERT/MiniLM, T5, and the other "
             "models whose attention calls ALL_ATTENTION_FUNCTIONS; docs/architectures.md lists the tested ones)")
 

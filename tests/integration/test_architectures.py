@@ -20,7 +20,7 @@ from tests.paths import REPO
 
 DOCS = REPO / "docs" / "architectures.md"
 
-NO_INTERFACE = "does not route its attention through transformers' AttentionInterface"
+NO_INTERFACE = "does not dispatch its attention through transformers' AttentionInterface"
 POSITION_BIAS = "cannot take the additive position bias"
 # architecture (row name) -> substring of the refusal every non-ok cell must raise, whatever the transformers release
 EXPECTED_ERRORS: dict[str, str] = {
@@ -28,7 +28,7 @@ EXPECTED_ERRORS: dict[str, str] = {
     "t5": POSITION_BIAS,  # elu and hedgehog: T5's relative position bias needs logits (softmax/gaussian/cosine run)
     "mt5": POSITION_BIAS,
 }
-# Which architectures route attention through AttentionInterface depends on the installed transformers (Falcon
+# Which architectures dispatch attention through AttentionInterface depends on the installed transformers (Falcon
 # moved to it in 5.25): it is measured per release by routes_through_interface() below, not listed here.
 # architecture -> (cell status, substring of its error) of a failure that is not a clear refusal
 KNOWN_BUGS: dict[str, tuple[str, str]] = {}
@@ -66,7 +66,7 @@ def routes_through_interface(arch: A.Architecture) -> bool:
         model.set_attn_implementation(PROBE)
         with torch.no_grad():
             model(**arch.inputs(config))
-    except Exception:  # noqa: BLE001 - the model's own attention table does not know the name: it does not route
+    except Exception:  # noqa: BLE001 - the model's own attention table does not know the name: it does not dispatch
         return False
     return bool(calls)
 
@@ -172,7 +172,7 @@ def test_coverage_and_docs():
 def test_an_architecture_without_the_interface_refuses_a_kernel_at_load_clearly():
     """Falcon, GPT-Neo and BLOOM picked their attention class from their own table: a kernel name at construction
     used to raise KeyError: 'elu' from inside transformers. The first of them that still does so in the installed
-    transformers must be refused with a clear ValueError; one that now routes through the interface must load."""
+    transformers must be refused with a clear ValueError; one that now dispatches through the interface must load."""
     import torch
     import transformers
 
@@ -185,11 +185,11 @@ def test_an_architecture_without_the_interface_refuses_a_kernel_at_load_clearly(
         if routes_through_interface(arch):
             cls._from_config(cfg, attn_implementation="elu")
             continue
-        with pytest.raises(ValueError, match=f"{cls_name} does not route its attention"):
+        with pytest.raises(ValueError, match=f"{cls_name} does not dispatch its attention"):
             cls._from_config(cfg, attn_implementation="elu")
         cls._from_config(cfg, attn_implementation="eager")  # a stock choice still loads
         return
-    pytest.skip(f"falcon, gpt_neo and bloom all route through AttentionInterface in transformers "
+    pytest.skip(f"falcon, gpt_neo and bloom all dispatch through AttentionInterface in transformers "
                 f"{transformers.__version__}")
 
 

@@ -187,7 +187,7 @@ def test_bad_input_raises_at_patch_time(kwargs, match):
 def test_unsupported_model_class_is_named():
     cfg = BloomConfig(vocab_size=97, hidden_size=32, n_layer=2, n_head=4)
     model = BloomForCausalLM(cfg)
-    with pytest.raises(ValueError, match="BloomForCausalLM does not route its attention through"):
+    with pytest.raises(ValueError, match="BloomForCausalLM does not dispatch its attention through"):
         hf_kernel_attn.patch(model, kernel="elu")
 
 
