@@ -93,7 +93,12 @@ def _hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple
     new = _new_tokens(arguments)
     if new is None:
         return None
-    past = _past_length(next((arguments[n] for n in CACHE_KWARGS if arguments.get(n) is not None), None))
+    cache = None
+    for name in CACHE_KWARGS:  # a plain loop: torch.compile before 2.9 cannot trace next() over a generator
+        if arguments.get(name) is not None:
+            cache = arguments[name]
+            break
+    past = _past_length(cache)
     if mask.shape[1] != past + new:
         raise ValueError(
             f"hf_kernel_attn derives position_ids from a padded 2-D attention_mask, but the mask has {mask.shape[1]} "

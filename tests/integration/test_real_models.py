@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 import textwrap
@@ -45,13 +46,20 @@ def test_softmax_reproduces_original_logits(smollm2, smollm2_ref, fresh):
 
 
 def test_gaussian_augment_equals_softmax(smollm2, smollm2_ref, fresh):
+    """The augmented Gaussian computes softmax attention in another order (norms added and taken away), so its
+    float32 rounding differs from softmax's: both are measured against the stock model run in float64, and the
+    augmented kernel may be off by a few times what stock float32 is (about 2x was seen across torch builds;
+    a kernel that is not softmax is off by whole units)."""
     batch, ref = smollm2_ref
+    with torch.no_grad():
+        exact = copy.deepcopy(smollm2).double()(**batch).logits
     fresh(smollm2)
     hf_kernel_attn.patch(smollm2, kernel="gaussian", augment=True)
     with torch.no_grad():
         out = smollm2(**batch).logits
     real = batch["attention_mask"].bool()
-    assert (out - ref)[real].abs().max().item() <= 1e-4
+    stock_error = (ref.double() - exact)[real].abs().max().item()
+    assert (out.double() - exact)[real].abs().max().item() <= 4 * stock_error + 1e-5
     # and the plain Gaussian is a different kernel (the key-norm penalty changes the logits)
     hf_kernel_attn.patch(smollm2, kernel="gaussian")
     with torch.no_grad():
