@@ -128,10 +128,18 @@ def evaluate_row(cfg: dict[str, Any], m: dict[str, Any], kernel: str, todo: list
         emit("cell", m, kernel, records)
 
 
-def eval_in_interpreter(python: str, spec: ModelSpec, task: str, settings: EvalSettings) -> list[dict[str, Any]]:
+# the longest a press cell (one task at every length) may run in the other interpreter; its cells take minutes, but
+# lm-eval's RULER `vt` builder can loop for ever when no sample fits a length (its retry loop stops shrinking the
+# haystack and catches every exception, so only ending the process stops it)
+PRESS_CELL_SECONDS = 3600
+
+
+def eval_in_interpreter(python: str, spec: ModelSpec, task: str, settings: EvalSettings,
+                        timeout: float = PRESS_CELL_SECONDS) -> list[dict[str, Any]]:
     """``task`` on the model of ``spec`` with ``settings`` by ``hf-kernel-attn eval`` in another Python interpreter
     (``press_python``: the environment where kvpress fits); its records, as :func:`run_eval` returns them.
-    RuntimeError with the end of its error output when it fails."""
+    RuntimeError with the end of its error output when it fails, or when it is still running after ``timeout``
+    seconds (then it is killed)."""
     with tempfile.TemporaryDirectory(prefix="hf_kernel_attn-press-") as tmp:
         output = Path(tmp) / "records.jsonl"
         argv = [python, "-m", "hf_kernel_attn.cli", "eval", "--model", str(spec.model), "--tasks", task,
@@ -144,7 +152,12 @@ def eval_in_interpreter(python: str, spec: ModelSpec, task: str, settings: EvalS
         argv += ["--limit", str(settings.limit)] if settings.limit is not None else []
         argv += (["--compression", str(settings.compression)] if settings.compression is not None
                  else ["--press-bytes", str(settings.press_bytes)])
-        proc = subprocess.run(argv, stdout=sys.stdout, stderr=subprocess.PIPE, text=True)
+        try:
+            proc = subprocess.run(argv, stdout=sys.stdout, stderr=subprocess.PIPE, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{python} ran `hf-kernel-attn eval` for {task} and was stopped after {timeout:.0f} s "
+                               f"(lm-eval's RULER builders can loop for ever when no prompt fits a length: leave "
+                               f"that task or length out)") from None
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
             raise RuntimeError(f"{python} ran `hf-kernel-attn eval` for {task} and failed (exit {proc.returncode}): "

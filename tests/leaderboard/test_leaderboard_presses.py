@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import stat
+import time
 
 import pytest
 import yaml
 
 from hf_kernel_attn.cli import main
 from hf_kernel_attn.evaluation.presses import require_kvpress
+from hf_kernel_attn.evaluation.runner import EvalSettings, ModelSpec
 from hf_kernel_attn.leaderboard import runner
 from hf_kernel_attn.leaderboard.config import PressUnavailableError, load_leaderboard_config, press_row
-from hf_kernel_attn.leaderboard.workers import converts
+from hf_kernel_attn.leaderboard.workers import converts, eval_in_interpreter
 
 
 def _write(tmp_path, models, **top):
@@ -160,3 +164,23 @@ def test_a_press_row_in_another_interpreter_records_what_it_does_here(smollm2_di
         return [{k: r[k] for k in keep} for r in map(json.loads, (folder / "lb" / "results.jsonl").read_text()
                                                       .splitlines())]
     assert records(tmp_path) == records(there_dir) and records(tmp_path)
+
+
+def test_a_press_cell_that_never_finishes_is_stopped_and_named(tmp_path):
+    """A press cell whose interpreter never returns (lm-eval's RULER vt builder at a length no prompt fits loops for
+    ever and catches every exception) is killed after the timeout: a RuntimeError naming the task, no process left."""
+    pid_file = tmp_path / "pid"
+    python = tmp_path / "python"  # an interpreter that, like that builder, never finishes
+    python.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 100000\n")
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    settings = EvalSettings(split="validation", data_dir=None, limit=1, lengths=[256], depths=[50], samples=1,
+                            press="streaming_llm", compression=0.5)
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match="for ruler_vt and was stopped after 2 s"):
+        eval_in_interpreter(str(python), ModelSpec("some/model", None, None, None, {}), "ruler_vt", settings,
+                            timeout=2)
+    assert time.perf_counter() - start < 30
+    pid = int(pid_file.read_text())
+    time.sleep(0.2)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

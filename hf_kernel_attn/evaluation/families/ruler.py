@@ -28,13 +28,10 @@ project's own long-context tasks.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
-import signal
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,10 +42,6 @@ from ..long_context.runner import press_cost, prompt_cache_bytes
 from ..presses import PressResult, PressRunner
 from ..task import EvalOptions, EvalRun, EvalTask
 
-# lm-eval builds 500 prompts per length before it scores any (about a minute at 8k on one core); its ``vt`` builder
-# never returns when even its smallest haystack with the few-shot example exceeds the length (seen at 1,024 tokens
-# with transformers 5.2's GGUF tokenizer, and at 256 tokens always): past this many seconds the build is stopped
-BUILD_SECONDS = 600
 RULER_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")
 SCORE = "score"  # lm-eval's string-match score of a length, in percent
 
@@ -62,58 +55,13 @@ def question_start(ids: list[int], tokenizer) -> int:
     raise ValueError("the prompt has no newline before its last token: no question line to keep out of the press")
 
 
-class RulerBuildTimeout(RuntimeError):
-    """lm-eval did not finish building a RULER task's prompts in time (its generator loops)."""
-
-
-@contextlib.contextmanager
-def build_deadline(seconds: float, task: str, length: int):
-    """Raise :class:`RulerBuildTimeout` if lm-eval is still building ``task``'s prompts after ``seconds``; the
-    deadline ends when the model is first asked for an answer (``cancel``, which the LM classes below call). Only
-    in the main thread (a signal); elsewhere no deadline."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield
-        return
-
-    def expired(signum, frame):
-        raise RulerBuildTimeout(
-            f"lm-eval did not finish building the prompts of {task} at {length} tokens in {seconds:.0f} s: its "
-            f"generator loops when no sample fits the length (lm-eval's ruler vt at short lengths); leave this "
-            f"length out for {task}")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def cancel_build_deadline() -> None:
-    """The prompts are built: end :func:`build_deadline`'s timer (no-op without one or outside the main thread)."""
-    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
-        signal.setitimer(signal.ITIMER_REAL, 0)
-
-
 @functools.cache
 def _lm_classes():
     """lm-eval's HFLM and a subclass that answers through a KV-cache press (lm-eval: optional, imported when a
     RULER task runs)."""
     from lm_eval.models.huggingface import HFLM
 
-    class TimedHFLM(HFLM):
-        """lm-eval's HFLM; its first request ends the prompt-building deadline."""
-
-        def generate_until(self, *args: Any, **kwargs: Any):
-            cancel_build_deadline()
-            return super().generate_until(*args, **kwargs)
-
-        def loglikelihood(self, *args: Any, **kwargs: Any):
-            cancel_build_deadline()
-            return super().loglikelihood(*args, **kwargs)
-
-    class PressHFLM(TimedHFLM):
+    class PressHFLM(HFLM):
         """HFLM whose generation prefills each prompt's context under ``press`` (a PressRunner), then answers the
         question line greedily until EOS (lm-eval cuts the answer at its stop strings afterwards)."""
 
@@ -131,7 +79,7 @@ def _lm_classes():
             self.press_results.append(result)
             return torch.tensor([ids + result.tokens], device=context.device)
 
-    return TimedHFLM, PressHFLM
+    return HFLM, PressHFLM
 
 
 @dataclasses.dataclass
@@ -159,11 +107,10 @@ def ruler_task_manager(tokenizer_dir: str | os.PathLike, length: int):
 
 
 def run_ruler(model, tokenizer, task: str, length: int, limit: int, *, press: PressRunner | None = None,
-              batch_size: int = 1, build_seconds: float = BUILD_SECONDS) -> RulerScore:
+              batch_size: int = 1) -> RulerScore:
     """Score ``task`` (one of :data:`RULER_TASKS`) on ``limit`` prompts of ``length`` tokens through lm-eval's
     ``simple_evaluate`` on the in-memory ``model``; ``press``: on the unconverted model, each context compressed
-    before its question. :class:`RulerBuildTimeout` when lm-eval is still building the prompts after
-    ``build_seconds``."""
+    before its question."""
     from lm_eval import simple_evaluate  # optional and heavy: only when lm-eval runs
 
     if task not in RULER_TASKS:
@@ -177,9 +124,8 @@ def run_ruler(model, tokenizer, task: str, length: int, limit: int, *, press: Pr
         else:
             lm = press_hflm(pretrained=model, tokenizer=tokenizer, batch_size=1, press=press)
         manager = ruler_task_manager(tok_dir, length)
-        with build_deadline(build_seconds, task, length):
-            out = simple_evaluate(model=lm, tasks=[task], task_manager=manager, limit=limit, num_fewshot=0,
-                                  log_samples=True, bootstrap_iters=0)
+        out = simple_evaluate(model=lm, tasks=[task], task_manager=manager, limit=limit, num_fewshot=0,
+                              log_samples=True, bootstrap_iters=0)
     seconds = time.perf_counter() - start
     value = out["results"][task][f"{int(length)},none"]
     samples = out["samples"][task]
