@@ -29,7 +29,7 @@ EXPECTED_ERRORS: dict[str, str] = {
     "mt5": POSITION_BIAS,
 }
 # Which architectures dispatch attention through AttentionInterface depends on the installed transformers (Falcon
-# moved to it in 5.25): it is measured per release by routes_through_interface() below, not listed here.
+# moved to it in 5.25): it is measured per release by dispatches_through_interface() below, not listed here.
 # architecture -> (cell status, substring of its error) of a failure that is not a clear refusal
 KNOWN_BUGS: dict[str, tuple[str, str]] = {}
 MIN_ALL_OK = 56  # architectures that run all five kernels today (a floor: raise it when more run)
@@ -44,7 +44,7 @@ def _row(arch: A.Architecture) -> dict:
     return _ROWS[arch.name]
 
 
-def routes_through_interface(arch: A.Architecture) -> bool:
+def dispatches_through_interface(arch: A.Architecture) -> bool:
     """Whether the installed transformers runs this architecture's attention through AttentionInterface, measured
     with stock transformers only: a probe function registered under a name of its own (SDPA inside, SDPA's mask)
     is selected with ``set_attn_implementation`` and must be called by a forward. No hf_kernel_attn code decides."""
@@ -74,7 +74,7 @@ def routes_through_interface(arch: A.Architecture) -> bool:
 def expected_error(arch: A.Architecture) -> str | None:
     if arch.name in EXPECTED_ERRORS:
         return EXPECTED_ERRORS[arch.name]
-    return None if routes_through_interface(arch) else NO_INTERFACE
+    return None if dispatches_through_interface(arch) else NO_INTERFACE
 
 
 def accepted_errors(arch: A.Architecture) -> tuple[str, ...]:
@@ -182,7 +182,7 @@ def test_an_architecture_without_the_interface_refuses_a_kernel_at_load_clearly(
         cls = getattr(transformers, cls_name)
         cfg = arch.config()
         torch.manual_seed(0)
-        if routes_through_interface(arch):
+        if dispatches_through_interface(arch):
             cls._from_config(cfg, attn_implementation="elu")
             continue
         with pytest.raises(ValueError, match=f"{cls_name} does not dispatch its attention"):
